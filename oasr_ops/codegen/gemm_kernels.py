@@ -1,0 +1,98 @@
+"""The fp16/bf16 GEMM kernel family: which configs a process compiles, and loading one on demand.
+
+`production_configs` is the compile set: what the tuning DB references for this arch, the lane default and a
+small coverage basis; `OASR_GEMM_COMPILE_SET=all` compiles the whole space.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+from ..configs import Config, ConfigError, parse
+from .jit import BuildError, JitSpec, KernelLibrary, LoadError
+from .lanes import LANES, Lane, native_lane
+
+DTYPES = ("fp16", "bf16")
+
+
+def lanes_for(arch_family: str, family: str = "gemm") -> list[Lane]:
+    """Lanes whose kernels run on this family, the native one first."""
+    native = native_lane(arch_family, family)
+    others = [l for l in LANES.values() if l.family == family and arch_family in l.arch_families and l is not native]
+    return ([native] if native else []) + others
+
+
+def lane_of(config: Config, arch_family: str, family: str = "gemm") -> Lane:
+    """The lane whose space holds `config` and runs on `arch_family`; ConfigError if none does."""
+    for lane in lanes_for(arch_family, family):
+        if config in lane.space:
+            return lane
+    raise ConfigError(f"config {config.id} is in no {family} lane that runs on {arch_family}")
+
+
+def _db_referenced(arch_family: str, family: str) -> list[str]:
+    try:
+        from ..tune import database
+    except ImportError:
+        return []
+    fn = getattr(database, "referenced_configs", None)
+    if fn is None:
+        return []
+    try:
+        return list(fn(family, arch_family))
+    except Exception as e:  # a broken DB must never stop kernels from being built
+        warnings.warn(f"oasr: could not read the tuning DB's config references: {e}", stacklevel=2)
+        return []
+
+
+def production_configs(lane: Lane, arch_family: str) -> list[Config]:
+    if os.environ.get("OASR_GEMM_COMPILE_SET", "tuned").strip().lower() == "all":
+        return list(lane.space)
+    chosen: list[Config] = [lane.default, *lane.coverage_basis]
+    for cid in _db_referenced(arch_family, lane.family):
+        try:
+            c = parse(cid)
+        except ConfigError:
+            continue
+        if c in lane.space and c not in chosen:
+            chosen.append(c)
+    return chosen
+
+
+def specs_for(lane: Lane, configs: list[Config], dtypes: tuple[str, ...] = DTYPES,
+              arch_family: str | None = None) -> list[JitSpec]:
+    """One JitSpec per distinct kernel (split-K variants share theirs)."""
+    seen: dict[str, JitSpec] = {}
+    for c in configs:
+        for dt in dtypes:
+            s = JitSpec.for_kernel(lane, c, dt, arch_family)
+            seen.setdefault(s.name, s)
+    return list(seen.values())
+
+
+_lock = threading.Lock()
+_kernels: dict[tuple[str, str, str, str], KernelLibrary] = {}
+_failed: dict[tuple[str, str, str, str], str] = {}
+
+
+def get_kernel(lane: Lane, config: Config, dtype: str, arch_family: str) -> KernelLibrary:
+    """Load (building on first use, JIT) the kernel for `config`. Raises BuildError / LoadError; a failure is
+    remembered so a process does not retry a failing build on every call."""
+    key = (lane.name, config.kernel_key().id, dtype, arch_family)
+    lib = _kernels.get(key)
+    if lib is not None:
+        return lib
+    with _lock:
+        if key in _kernels:
+            return _kernels[key]
+        if key in _failed:
+            raise BuildError(_failed[key])
+        spec = JitSpec.for_kernel(lane, config, dtype, arch_family)
+        try:
+            lib = spec.load()
+        except (BuildError, LoadError) as e:
+            _failed[key] = str(e)
+            raise
+        _kernels[key] = lib
+        return lib

@@ -1,0 +1,54 @@
+"""Lane + config + dtype -> complete `.cu` source (emitter output wrapped by the lane's Jinja template).
+
+Shared by JIT builds and `oasr tune prebuild`: the same function renders the same bytes, so both find the
+same cache entry.
+"""
+from __future__ import annotations
+
+import functools
+
+import jinja2
+
+from ..configs import Config
+from ..paths import templates_dir
+from . import emit
+from .lanes import Lane
+
+# Bumped when the C launcher's signature changes; the loader refuses a library with another version.
+ABI_VERSION = 1
+
+_ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(lane: Lane, config: Config, dtype: str) -> str:
+    """The full translation unit for one kernel. Raises ValueError for a config outside the lane or a bad dtype."""
+    if dtype not in _ELEMENT:
+        raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
+    if config.kernel_key() not in {c.kernel_key() for c in lane.space}:
+        raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    config = config.kernel_key()
+    if config.generation == "3x":
+        emitted = emit.emit_sm90(config, dtype, "OasrEVT")
+    else:
+        emitted = emit.emit_sm80(config, dtype, "OasrOutputOp")
+    return _env().get_template(lane.template).render(
+        lane=lane.name,
+        config_id=config.id,
+        dtype=dtype,
+        element=_ELEMENT[dtype],
+        tile=list(config.tile),
+        includes=list(emitted.includes),
+        definition=emitted.definition,
+        operation_name=emitted.operation_name,
+        abi_version=ABI_VERSION,
+    )

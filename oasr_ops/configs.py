@@ -1,0 +1,193 @@
+"""The kernel config space: explicit parameters, stable human-readable ids, sentinels.
+
+A `Config` names *how* a GEMM is tiled and scheduled; it says nothing about dtypes or the epilogue, which
+are properties of the op call. Ids round-trip: ``parse(cfg.id) == cfg``.
+
+Id grammar (``_kN`` split-K and ``_aN`` alignment suffixes are omitted at their defaults, 1 and 8):
+
+* CUTLASS 2.x multistage (mma.sync): ``b{M}x{N}x{K}_w{M}x{N}x{K}_s{stages}[_k{split}][_a{align}]``
+  e.g. ``b128x128x64_w64x64x64_s3`` — threadblock tile, warp tile, pipeline stages.
+* CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}]``
+  with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K);
+  no ``_s`` means the stage count is the builder's automatic smem carve-out.
+
+Nothing here is computed at import time from the environment; a lane's config space is a literal list.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Sentinels a DB region or the `config=` argument may name instead of a concrete id.
+#   default   the lane's GEMM_DEFAULT config
+#   torch     cuBLAS (torch.mm / addmm) followed by an eager activation
+#   fused     cuBLASLt with bias+activation fused in its epilogue (torch._addmm_activation); torch where N/A
+#   heuristic the family's untuned shape heuristic (scaled_mm families)
+SENTINELS: tuple[str, ...] = ("default", "torch", "fused", "heuristic")
+AUTO = "auto"
+
+SCHEDULES_2X = ("multistage",)
+SCHEDULES_3X = ("cooperative", "pingpong", "streamk")
+_SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk"}
+_SCHED_LONG = {v: k for k, v in _SCHED_SHORT.items()}
+# The epilogue schedule is fixed by the kernel schedule for the TMA epilogues we emit; it is still an explicit
+# field so a DB file records it and a future lane can differ.
+EPILOGUE_FOR_KERNEL = {
+    "multistage": "default",
+    "cooperative": "tma_cooperative",
+    "pingpong": "tma",
+    "streamk": "tma_cooperative",
+}
+
+_ID_2X = re.compile(r"^b(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_k(\d+))?(?:_a(\d+))?$")
+_ID_3X = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pp|sk)(?:_s(\d+))?(?:_a(\d+))?$")
+_MAX_ID_LEN = 64
+
+
+class ConfigError(ValueError):
+    """A config id or parameter set that is not part of the config space."""
+
+
+@dataclass(frozen=True)
+class Config:
+    tile: tuple[int, int, int]
+    kernel_schedule: str
+    warp: tuple[int, int, int] | None = None  # 2.x only: the warp tile
+    stages: int = 0  # 0 = automatic carve-out (3.x only)
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    split_k: int = 1
+    alignment: int = 8
+    epilogue_schedule: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.epilogue_schedule:
+            object.__setattr__(self, "epilogue_schedule", EPILOGUE_FOR_KERNEL.get(self.kernel_schedule, ""))
+        _validate(self)
+
+    @property
+    def generation(self) -> str:
+        """``"2x"`` (mma.sync multistage) or ``"3x"`` (TMA warp-specialized)."""
+        return "2x" if self.kernel_schedule == "multistage" else "3x"
+
+    @property
+    def id(self) -> str:
+        m, n, k = self.tile
+        if self.generation == "2x":
+            wm, wn, wk = self.warp  # type: ignore[misc]
+            s = f"b{m}x{n}x{k}_w{wm}x{wn}x{wk}_s{self.stages}"
+            if self.split_k != 1:
+                s += f"_k{self.split_k}"
+        else:
+            s = f"t{m}x{n}x{k}_c{self.cluster[0]}x{self.cluster[1]}_{_SCHED_SHORT[self.kernel_schedule]}"
+            if self.stages:
+                s += f"_s{self.stages}"
+        if self.alignment != 8:
+            s += f"_a{self.alignment}"
+        return s
+
+    @property
+    def warp_count(self) -> tuple[int, int, int]:
+        if self.generation == "2x":
+            return tuple(t // w for t, w in zip(self.tile, self.warp))  # type: ignore[return-value]
+        # 3.x: consumer warpgroups (4 warps each) as CUTLASS's TileDescription expects them.
+        return (2, 1, 1) if self.kernel_schedule in ("cooperative", "streamk") else (1, 1, 1)
+
+    def kernel_key(self) -> "Config":
+        """The part of a config that selects a compiled kernel: split-K is a launch argument, not code."""
+        if self.split_k == 1:
+            return self
+        return Config(**{**_fields(self), "split_k": 1})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tile"], d["cluster"] = list(self.tile), list(self.cluster)
+        d["warp"] = list(self.warp) if self.warp else None
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Config":
+        try:
+            return Config(
+                tile=tuple(int(x) for x in d["tile"]),  # type: ignore[arg-type]
+                kernel_schedule=str(d["kernel_schedule"]),
+                warp=tuple(int(x) for x in d["warp"]) if d.get("warp") else None,  # type: ignore[arg-type]
+                stages=int(d.get("stages", 0)),
+                cluster=tuple(int(x) for x in d.get("cluster", (1, 1, 1))),  # type: ignore[arg-type]
+                split_k=int(d.get("split_k", 1)),
+                alignment=int(d.get("alignment", 8)),
+                epilogue_schedule=str(d.get("epilogue_schedule", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"malformed config parameters {d!r}: {e}") from None
+
+
+def _fields(c: Config) -> dict[str, Any]:
+    return {f: getattr(c, f) for f in c.__dataclass_fields__}
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def _validate(c: Config) -> None:
+    if len(c.tile) != 3 or not all(isinstance(x, int) and 8 <= x <= 512 for x in c.tile):
+        raise ConfigError(f"tile {c.tile} out of range")
+    if c.kernel_schedule not in SCHEDULES_2X + SCHEDULES_3X:
+        raise ConfigError(f"unknown kernel schedule {c.kernel_schedule!r}")
+    if c.epilogue_schedule != EPILOGUE_FOR_KERNEL[c.kernel_schedule]:
+        raise ConfigError(f"epilogue schedule {c.epilogue_schedule!r} does not go with {c.kernel_schedule!r}")
+    if c.alignment not in (1, 2, 4, 8, 16):
+        raise ConfigError(f"alignment {c.alignment} not supported")
+    if not (1 <= c.split_k <= 64):
+        raise ConfigError(f"split_k {c.split_k} out of range")
+    if c.generation == "2x":
+        if c.warp is None or len(c.warp) != 3:
+            raise ConfigError("a 2.x config needs a warp tile")
+        if any(t % w for t, w in zip(c.tile, c.warp)) or c.warp[2] != c.tile[2]:
+            raise ConfigError(f"warp tile {c.warp} does not divide threadblock tile {c.tile} (warp K == tile K)")
+        nwarps = (c.tile[0] // c.warp[0]) * (c.tile[1] // c.warp[1])
+        if nwarps not in (1, 2, 4, 8):
+            raise ConfigError(f"{nwarps} warps per threadblock not supported")
+        if not (2 <= c.stages <= 8):
+            raise ConfigError(f"2.x stages must be 2..8, got {c.stages}")
+        if c.cluster != (1, 1, 1):
+            raise ConfigError("2.x configs have no cluster")
+    else:
+        if c.warp is not None:
+            raise ConfigError("a 3.x config has no warp tile (it is derived from the schedule)")
+        if c.split_k != 1:
+            raise ConfigError("3.x configs split K through Stream-K, not split_k")
+        if c.cluster[2] != 1 or not (_pow2(c.cluster[0]) and _pow2(c.cluster[1])) or c.cluster[0] * c.cluster[1] > 8:
+            raise ConfigError(f"cluster {c.cluster} not supported")
+        if c.kernel_schedule in ("cooperative", "streamk") and c.tile[0] < 128:
+            raise ConfigError("cooperative schedules need tile M >= 128 (two consumer warpgroups)")
+        if c.tile[0] % 64 or c.tile[1] % 16:
+            raise ConfigError(f"wgmma tile {c.tile} must have M % 64 == 0 and N % 16 == 0")
+        if c.stages and not (2 <= c.stages <= 8):
+            raise ConfigError(f"3.x stages must be 0 (auto) or 2..8, got {c.stages}")
+
+
+def parse(config_id: str) -> Config:
+    """Parse a concrete config id. Raises `ConfigError` for sentinels, junk, or ids outside the space's grammar."""
+    if not isinstance(config_id, str) or len(config_id) > _MAX_ID_LEN:
+        raise ConfigError(f"not a config id: {str(config_id)[:_MAX_ID_LEN]!r}")
+    if config_id in SENTINELS or config_id == AUTO:
+        raise ConfigError(f"{config_id!r} is a sentinel, not a concrete config id")
+    m = _ID_2X.match(config_id)
+    if m:
+        g = [int(x) if x else None for x in m.groups()]
+        return Config(tile=(g[0], g[1], g[2]), warp=(g[3], g[4], g[5]), stages=g[6],
+                      kernel_schedule="multistage", split_k=g[7] or 1, alignment=g[8] or 8)
+    m = _ID_3X.match(config_id)
+    if m:
+        tm, tn, tk, cm, cn, sched, st, al = m.groups()
+        return Config(tile=(int(tm), int(tn), int(tk)), cluster=(int(cm), int(cn), 1),
+                      kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8))
+    raise ConfigError(f"unknown config id {config_id!r}")
+
+
+def is_sentinel(name: str) -> bool:
+    return name in SENTINELS

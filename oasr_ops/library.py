@@ -1,0 +1,343 @@
+"""torch.library ops: schemas, fake (meta) functions, the CPU reference and the CUDA implementation.
+
+Registered with `torch.library.Library` (define + impl + register_fake), not the `custom_op` decorator, which
+costs ≈9 µs more per eager call (notes/torch-integration.md).
+
+`oasr::gemm(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor`
+  a: [..., K] fp16/bf16, w: [N, K] (nn.Linear.weight), bias: [N] or None, activation: none|relu|gelu|silu,
+  config: a concrete config id, a sentinel (default, torch, fused), `auto` (resolved through the tuning DB),
+  or a baked region table `regions:<m_hi>=<config>;...;*=<config>` (a compiled graph with symbolic M).
+
+The CUDA implementation resolves a *plan* once per (config, dtype, N, K, M, activation, bias, device, DB epoch)
+and then only allocates the output, checks pointer alignment and calls the kernel through ctypes on the current
+stream. Nothing synchronises, so the op is capturable in CUDA graphs.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .configs import AUTO, SENTINELS, Config, ConfigError, parse
+
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
+SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TABLE_PREFIX = "regions:"
+
+_lib = torch.library.Library("oasr", "DEF")
+_lib.define(
+    "gemm(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor",
+    tags=(torch.Tag.needs_fixed_stride_order,),
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument checks (shared by every implementation, so CPU and CUDA reject the same inputs)
+
+def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"oasr.gemm: a has dtype {a.dtype}; supported: float16, bfloat16")
+    if w.dtype != a.dtype:
+        raise ValueError(f"oasr.gemm: w has dtype {w.dtype} but a has {a.dtype}")
+    if w.dim() != 2:
+        raise ValueError(f"oasr.gemm: w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    if a.dim() < 1:
+        raise ValueError("oasr.gemm: a must have at least one dimension [..., K]")
+    if a.shape[-1] != w.shape[1]:
+        raise ValueError(f"oasr.gemm: K mismatch: a is {tuple(a.shape)}, w is {tuple(w.shape)} (w is [N, K])")
+    if a.device != w.device:
+        raise ValueError(f"oasr.gemm: a is on {a.device}, w on {w.device}")
+    if bias is not None:
+        if bias.dtype != a.dtype:
+            raise ValueError(f"oasr.gemm: bias has dtype {bias.dtype} but a has {a.dtype}")
+        if bias.shape != (w.shape[0],):
+            raise ValueError(f"oasr.gemm: bias must have shape ({w.shape[0]},), got {tuple(bias.shape)}")
+        if bias.device != a.device:
+            raise ValueError(f"oasr.gemm: bias is on {bias.device}, a on {a.device}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"oasr.gemm: unknown activation {activation!r}; one of {sorted(ACTIVATIONS)}")
+
+
+def _check_layout(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    for name, t in (("a", a), ("w", w), ("bias", bias)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"oasr.gemm: {name} (shape {tuple(t.shape)}, stride {t.stride()}) is not contiguous; "
+                             "call .contiguous() first")
+
+
+def check_config_arg(config: str) -> None:
+    """ValueError unless `config` is auto, a sentinel, a parseable id or a well-formed region table."""
+    if config == AUTO or config in SENTINELS:
+        return
+    if config.startswith(_TABLE_PREFIX):
+        parse_table(config)
+        return
+    try:
+        parse(config)
+    except ConfigError as e:
+        raise ValueError(f"oasr.gemm: unknown config {config!r}: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# region tables baked into compiled graphs
+
+def format_table(regions: list[tuple[int | None, str]]) -> str:
+    parts = [f"{'*' if hi is None else int(hi)}={cfg}" for hi, cfg in regions]
+    return _TABLE_PREFIX + ";".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_table(table: str) -> tuple[tuple[int | None, str], ...]:
+    if not table.startswith(_TABLE_PREFIX):
+        raise ValueError(f"not a region table: {table!r}")
+    out: list[tuple[int | None, str]] = []
+    for part in table[len(_TABLE_PREFIX):].split(";"):
+        hi, sep, cfg = part.partition("=")
+        if not sep:
+            raise ValueError(f"oasr.gemm: malformed region {part!r} in {table!r}")
+        if cfg not in SENTINELS:
+            try:
+                parse(cfg)
+            except ConfigError as e:
+                raise ValueError(f"oasr.gemm: region table names unknown config {cfg!r}: {e}") from None
+        out.append((None if hi == "*" else int(hi), cfg))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def resolve_table(table: str, m: int) -> str:
+    """Round-up: the first region with m_hi >= M; `*` is the catch-all; past the end -> `auto`."""
+    for hi, cfg in parse_table(table):
+        if hi is None or m <= hi:
+            return cfg
+    return AUTO
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reference (CPU, and the `torch` sentinel's epilogue)
+
+def _activate(y: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "silu":
+        return F.silu(y)
+    return y
+
+
+def reference_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """fp32 accumulation, epilogue in fp32, one rounding to the output dtype — the kernels' own formula."""
+    y = F.linear(a.float(), w.float(), None if bias is None else bias.float())
+    return _activate(y, activation).to(a.dtype)
+
+
+def _gemm_cpu(a, w, bias, activation, config):
+    _check(a, w, bias, activation)
+    check_config_arg(config)
+    return reference_gemm(a, w, bias, activation)
+
+
+def _gemm_fake(a, w, bias, activation, config):
+    _check(a, w, bias, activation)
+    return a.new_empty((*a.shape[:-1], w.shape[0]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA
+
+@dataclass
+class Plan:
+    """How one (config, shape, epilogue) call runs. `config` is what served it (an id or a sentinel)."""
+
+    config: str
+    tier: str
+    signature: str
+    run: Callable[..., torch.Tensor] = field(repr=False)
+    calls: int = 0
+
+
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+_warned: set[tuple] = set()
+
+
+def _warn_once(key: tuple, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+def _db_epoch() -> int:
+    try:
+        from .tune import database
+    except ImportError:
+        return 0
+    return database.epoch()
+
+
+def signature(dtype_name: str, activation: str, n: int, k: int) -> str:
+    op = "gemm" if activation == "none" else "gemm_activation"
+    return f"gemm|op={op}|dt=half|N={n}|K={k}"
+
+
+def _select(dtype_name: str, activation: str, n: int, k: int, m: int) -> tuple[str, str]:
+    op = "gemm" if activation == "none" else "gemm_activation"
+    try:
+        from .tune.select import select_config
+    except ImportError:
+        return "default", "default"
+    sel = select_config("gemm", op, dtype_name, n, k, m)
+    return sel.config, sel.tier
+
+
+def _torch_plan(activation: str, fused: bool) -> Callable[..., torch.Tensor]:
+    if fused and activation == "relu":
+        # cuBLASLt applies bias + ReLU in its epilogue. GELU is not used here: cuBLASLt's GELU epilogue is
+        # the tanh approximation and would change results against the erf GELU every other path computes.
+        def run_fused(a, w, bias):
+            if bias is None:
+                return torch.relu(F.linear(a, w))
+            a2 = a.reshape(-1, a.shape[-1])
+            return torch._addmm_activation(bias, a2, w.t()).reshape(*a.shape[:-1], w.shape[0])
+        return run_fused
+
+    def run_torch(a, w, bias):
+        return _activate(F.linear(a, w, bias), activation)
+    return run_torch
+
+
+def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, k: int,
+                 has_bias: bool, arch: str, sig: str) -> Callable[..., torch.Tensor] | None:
+    """A launcher for `cfg`, or None (with one warning) when it cannot serve this call."""
+    from .codegen.gemm_kernels import get_kernel, lane_of
+    from .codegen.jit import BuildError, LoadError
+
+    try:
+        lane = lane_of(cfg, arch)
+    except ConfigError as e:
+        raise ValueError(f"oasr.gemm: config {cfg.id} cannot run on {arch}: {e}") from None
+    reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
+    if reason:
+        _warn_once(("infeasible", sig, cfg.id), f"oasr.gemm: {cfg.id} cannot serve {sig} M={m} ({reason}); "
+                   "using torch for it")
+        return None
+    try:
+        lib = get_kernel(lane, cfg, dtype_name, arch)
+    except (BuildError, LoadError) as e:
+        _warn_once(("build", cfg.id, dtype_name), f"oasr.gemm: kernel {cfg.id} ({dtype_name}) unavailable, "
+                   f"using torch: {e}")
+        return None
+    act = ACTIVATIONS[activation]
+    split = cfg.split_k
+    status = lib.can_implement(m, n, k, split, act)
+    if status != 0:
+        _warn_once(("can_implement", sig, cfg.id), f"oasr.gemm: {cfg.id} rejects {sig} M={m} "
+                   f"(CUTLASS status {status}); using torch for it")
+        return None
+    ws_bytes = int(lib.workspace_size(m, n, k, split, act))
+    run_c = lib.run
+    align = 16  # bytes: TMA descriptors and 128-bit vector loads
+
+    def run_kernel(a, w, bias):
+        if a.data_ptr() % align or w.data_ptr() % align or (bias is not None and bias.data_ptr() % align):
+            _warn_once(("misaligned", sig), f"oasr.gemm: an operand of {sig} is not {align}-byte aligned; "
+                       "using torch for such calls")
+            return _activate(F.linear(a, w, bias), activation)
+        out = torch.empty((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
+        rc = run_c(a.data_ptr(), w.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                   m, n, k, split, act, None if ws is None else ws.data_ptr(), ws_bytes,
+                   torch.cuda.current_stream(a.device).cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"oasr.gemm: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
+        return out
+    return run_kernel
+
+
+def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int,
+               has_bias: bool, device: torch.device) -> Plan:
+    from .tune.arch import current_arch_family
+
+    dtype_name = SUPPORTED_DTYPES[dtype]
+    sig = signature(dtype_name, activation, n, k)
+    arch = current_arch_family() or "sm80"
+    tier = "explicit"
+    if config.startswith(_TABLE_PREFIX):
+        config, tier = resolve_table(config, m), "baked"
+    if config == AUTO:
+        config, tier = _select(dtype_name, activation, n, k, m)
+    if config == "default":
+        from .codegen.lanes import native_lane
+        lane = native_lane(arch)
+        if lane is None:
+            return Plan("torch", tier, sig, _torch_plan(activation, False))
+        config = lane.default.id
+    if config in ("torch", "fused", "heuristic"):
+        return Plan(config, tier, sig, _torch_plan(activation, config == "fused"))
+    cfg = parse(config)
+    run = _kernel_plan(cfg, dtype_name, activation, m, n, k, has_bias, arch, sig)
+    if run is None:
+        return Plan("torch", tier, sig, _torch_plan(activation, False))
+    return Plan(cfg.id, tier, sig, run)
+
+
+def get_plan(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str, config: str) -> Plan:
+    n, k = w.shape
+    m = a.numel() // k if k else 0
+    key = (config, a.dtype, activation, m, n, k, bias is not None, a.device, _db_epoch())
+    plan = _plans.get(key)
+    if plan is None:
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is None:
+                plan = _make_plan(config, a.dtype, activation, m, n, k, bias is not None, a.device)
+                _plans[key] = plan
+    return plan
+
+
+def _fast_ok(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The cheap subset of the checks that, with a plan already made for this key, implies all of them."""
+    return (w.dim() == 2 and a.shape[-1] == w.shape[1] and w.dtype == a.dtype and w.device == a.device
+            and a.is_contiguous() and w.is_contiguous()
+            and (bias is None or (bias.dtype == a.dtype and bias.device == a.device and bias.is_contiguous()
+                                  and bias.shape == (w.shape[0],))))
+
+
+def _gemm_cuda(a, w, bias, activation, config):
+    if not _fast_ok(a, w, bias):
+        _check(a, w, bias, activation)
+        _check_layout(a, w, bias)
+    n, k = w.shape
+    m = a.numel() // k if k else 0
+    plan = _plans.get((config, a.dtype, activation, m, n, k, bias is not None, a.device, _db_epoch()))
+    if plan is None:  # first call of this key: the full checks, then a plan
+        _check(a, w, bias, activation)
+        check_config_arg(config)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n))
+        plan = get_plan(a, w, bias, activation, config)
+    plan.calls += 1
+    return plan.run(a, w, bias)
+
+
+_lib.impl("gemm", _gemm_cpu, "CPU")
+_lib.impl("gemm", _gemm_cuda, "CUDA")
+torch.library.register_fake("oasr::gemm", _gemm_fake, lib=_lib)
+
+
+def served() -> list[Plan]:
+    """Every plan this process has run, with its call count (what `print which config served` reads)."""
+    return [p for p in _plans.values() if p.calls]
+
+
+def reset_plans() -> None:
+    """Forget resolved plans (the DB epoch already keys them; this is for tests and `reload_tuning()`)."""
+    with _plans_lock:
+        _plans.clear()
+    resolve_table.cache_clear()

@@ -1,0 +1,50 @@
+"""Every filesystem path the package uses, resolved in one place."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def _package_or_repo(name: str) -> Path:
+    # Installed wheels carry templates/ and db/ inside the package; an editable install or a source checkout
+    # keeps them at the repository root beside oasr_ops/.
+    for cand in (_PKG / name, _PKG.parent / name):
+        if cand.is_dir():
+            return cand
+    return _PKG / name
+
+
+def templates_dir() -> Path:
+    return _package_or_repo("templates")
+
+
+def system_db_dir() -> Path:
+    """The shipped tier: db/sm<family>/<kernel family>.json."""
+    return _package_or_repo("db")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "oasr"
+
+
+def user_db_dir() -> Path | None:
+    """The user tier, or None when `OASR_TUNE_USER_DB=off`."""
+    v = os.environ.get("OASR_TUNE_USER_DB", "").strip()
+    if v.lower() == "off":
+        return None
+    return Path(v).expanduser() if v else cache_root() / "tune" / "v2"
+
+
+def jit_dir() -> Path:
+    v = os.environ.get("OASR_JIT_DIR", "").strip()
+    return Path(v).expanduser() if v else cache_root() / "jit"
+
+
+def cutlass_include_dirs() -> list[Path]:
+    """CUTLASS headers as shipped in the nvidia-cutlass wheel (cutlass_library/source)."""
+    import cutlass_library  # a hard dependency; imported lazily so `import oasr_ops` stays cheap
+
+    src = Path(cutlass_library.__file__).resolve().parent / "source"
+    return [src / "include", src / "tools" / "util" / "include"]

@@ -1,0 +1,333 @@
+"""`oasr tune evaluate`: regret of config selectors against the measured oracle.
+
+Input: a measurement log (JSONL, one record per arm per point, as ``oasr tune build`` writes it)::
+
+    {"signature": "gemm|op=gemm|dt=half|N=512|K=256", "m": 416, "config": "b32x64x64_w16x32x64_s3",
+     "median_s": 6.1e-06, "sigma_s": 1e-07, "n": 9, "weight": 0.013, ...}
+
+and selectors: ``(signature, m) -> config`` callables, or a DB file's entries (``{signature: {"regions": ...}}``)
+resolved with the runtime's round-up rule.
+
+Per point (signature, m): oracle = the fastest measured arm; regret(selector) = t(selected) / t(oracle) - 1.
+A selected config that was not measured at that point is counted as ``unmeasured`` and left out of the
+statistics (its regret is unknown, not zero); a selector answering None is counted as ``uncovered`` and left
+out too. Per selector: weighted geomean regret = exp(sum w log(1 + r) / sum w) - 1, p95 (nearest rank,
+unweighted: a tail statistic over points, so a rare shape cannot hide behind its weight) and max.
+
+No torch, no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+__all__ = [
+    "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
+    "as_selector", "evaluate", "format_table", "plot", "register", "handler",
+]
+
+SelectorFn = Callable[[str, int], Union[str, None]]
+Selector = Union[SelectorFn, Mapping[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------- selectors
+
+def _local_resolve_in_table(table: list[list[Any]], m: int) -> str | None:
+    # Local copy of the runtime's round-up rule, used only while oasr_ops.tune.select does not export
+    # resolve_in_table: M takes the first region whose m_hi >= M; m_hi None is the catch-all.
+    for m_hi, config in table:
+        if m_hi is None or m <= int(m_hi):
+            return config
+    return None
+
+
+def _resolver() -> Callable[[list[list[Any]], int], Any]:
+    try:  # lazily: select.py is written concurrently and may import more than this module needs
+        from .select import resolve_in_table  # type: ignore[attr-defined]
+        return resolve_in_table
+    except Exception:
+        return _local_resolve_in_table
+
+
+def _half_alias(signature: str) -> str | None:
+    # dt=half serves fp16 and bf16 alike; an exact dt=fp16/dt=bf16 entry wins over it (spec).
+    for dt in ("dt=fp16", "dt=bf16"):
+        if f"|{dt}|" in f"|{signature}|":
+            return "|".join("dt=half" if part == dt else part for part in signature.split("|"))
+    return None
+
+
+def load_db_entries(path: str) -> dict[str, Any]:
+    """A DB file's entries: ``{signature: entry}``. Accepts a file with an ``"entries"`` object or a bare
+    ``{signature: entry}`` mapping."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, Mapping) and isinstance(data.get("entries"), Mapping):
+        return dict(data["entries"])
+    if isinstance(data, Mapping):
+        return {k: v for k, v in data.items() if "|" in k}
+    raise ValueError(f"{path}: not a tuning DB file")
+
+
+def db_selector(entries: Mapping[str, Any], miss: str | None = None) -> SelectorFn:
+    """Selector over a DB file's entries. An entry is ``{"regions": [[m_hi, cfg], ...]}`` or a bare region list.
+    A signature without an entry, or an M above the last region of an entry with no catch-all, answers
+    ``miss`` (None: uncovered; ``"default"``: what the runtime ends at when no tier answers)."""
+    resolve = _resolver()
+
+    def select(signature: str, m: int) -> str | None:
+        e = entries.get(signature)
+        if e is None:
+            alias = _half_alias(signature)
+            e = entries.get(alias) if alias else None
+        if e is None:
+            return miss
+        table = e.get("regions") if isinstance(e, Mapping) else e
+        got = resolve(table or [], int(m))
+        return miss if got is None else got
+
+    return select
+
+
+def constant_selector(config: str) -> SelectorFn:
+    """Always ``config`` (e.g. ``"default"``, ``"torch"``)."""
+    return lambda signature, m: config
+
+
+def as_selector(obj: Selector, miss: str | None = None) -> SelectorFn:
+    """A callable is used as is; a mapping is a DB's entries (or a whole DB file's JSON with "entries")."""
+    if callable(obj):
+        return obj
+    if isinstance(obj, Mapping):
+        entries = obj["entries"] if isinstance(obj.get("entries"), Mapping) else obj
+        return db_selector(entries, miss=miss)
+    raise TypeError(f"not a selector: {type(obj).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- the log
+
+def read_log(path: str) -> list[dict[str, Any]]:
+    """Records of a JSONL log; blank lines skipped; a malformed line is a ValueError naming the line."""
+    out: list[dict[str, Any]] = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    return out
+
+
+@dataclass
+class _Point:
+    signature: str
+    m: int
+    weight: float = 0.0
+    arms: dict[str, float] = field(default_factory=dict)
+
+
+def _points(records: Iterable[Mapping[str, Any]]) -> list[_Point]:
+    """Group records by (signature, m). A later record of the same arm replaces an earlier one (the log is
+    appended to, so the last measurement is the current one). Records without a finite positive median
+    (a failed arm) are skipped. The point weight is the largest weight any of its records carries."""
+    pts: dict[tuple[str, int], _Point] = {}
+    for r in records:
+        try:
+            sig, m, cfg = str(r["signature"]), int(r["m"]), str(r["config"])
+            t = float(r["median_s"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        p = pts.setdefault((sig, m), _Point(sig, m))
+        w = r.get("weight")
+        if w is not None:
+            p.weight = max(p.weight, float(w))
+        if math.isfinite(t) and t > 0:
+            p.arms[cfg] = t
+    return [p for _, p in sorted(pts.items()) if p.arms]
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+@dataclass
+class PointRegret:
+    signature: str
+    m: int
+    weight: float
+    config: str | None
+    oracle: str
+    regret: float | None  # None: unmeasured or uncovered
+
+
+@dataclass
+class SelectorScore:
+    """Statistics over the points where the selected config was measured. ``n``: such points; ``unmeasured``:
+    points whose selected config has no measurement there; ``uncovered``: points the selector answered None.
+    geomean / p95 / max are None when n == 0."""
+
+    n: int
+    unmeasured: int
+    uncovered: int
+    geomean: float | None
+    p95: float | None
+    max: float | None
+    points: list[PointRegret]
+
+    def as_dict(self, per_point: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {"n": self.n, "unmeasured": self.unmeasured, "uncovered": self.uncovered,
+                             "geomean": self.geomean, "p95": self.p95, "max": self.max}
+        if per_point:
+            d["points"] = [vars(p).copy() for p in self.points]
+        return d
+
+
+def _nearest_rank(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def _score(pts: list[_Point], select: SelectorFn) -> SelectorScore:
+    rows: list[PointRegret] = []
+    unmeasured = uncovered = 0
+    # Unit weights when the log carries none, so an unweighted log still gets a (plain) geomean.
+    unit = not any(p.weight > 0 for p in pts)
+    for p in pts:
+        oracle = min(p.arms, key=lambda c: (p.arms[c], c))
+        cfg = select(p.signature, p.m)
+        w = 1.0 if unit else p.weight
+        if cfg is None:
+            uncovered += 1
+            rows.append(PointRegret(p.signature, p.m, w, None, oracle, None))
+        elif cfg not in p.arms:
+            unmeasured += 1
+            rows.append(PointRegret(p.signature, p.m, w, cfg, oracle, None))
+        else:
+            rows.append(PointRegret(p.signature, p.m, w, cfg, oracle, p.arms[cfg] / p.arms[oracle] - 1.0))
+    scored = [r for r in rows if r.regret is not None]
+    if not scored:
+        return SelectorScore(0, unmeasured, uncovered, None, None, None, rows)
+    regrets = [r.regret for r in scored]  # type: ignore[misc]
+    wsum = sum(r.weight for r in scored)
+    if wsum > 0:
+        gm = math.exp(sum(r.weight * math.log1p(r.regret) for r in scored) / wsum) - 1.0  # type: ignore[arg-type]
+    else:  # every scored point has weight 0 in a weighted log: fall back to the plain geomean
+        gm = math.exp(sum(math.log1p(x) for x in regrets) / len(regrets)) - 1.0
+    return SelectorScore(len(scored), unmeasured, uncovered, gm, _nearest_rank(regrets, 0.95), max(regrets), rows)
+
+
+def evaluate(log_records: Iterable[Mapping[str, Any]], selectors: Mapping[str, Selector],
+             miss: str | None = None) -> dict[str, Any]:
+    """Score every selector on the log's points. Returns
+    ``{"points": <number of (signature, m) points>, "selectors": {name: SelectorScore}}``
+    (``SelectorScore.as_dict()`` for JSON). Mappings are DB entries, resolved round-up with ``miss`` on a miss.
+    """
+    pts = _points(log_records)
+    return {"points": len(pts),
+            "selectors": {name: _score(pts, as_selector(sel, miss=miss)) for name, sel in selectors.items()}}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.1f}%"
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """A plain-text table, one row per selector, in the result's order."""
+    head = ("selector", "points", "geomean", "p95", "max", "unmeasured", "uncovered")
+    rows = [head]
+    for name, s in result["selectors"].items():
+        rows.append((name, str(s.n), _pct(s.geomean), _pct(s.p95), _pct(s.max), str(s.unmeasured),
+                     str(s.uncovered)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + f"\n({result['points']} measured points; regret = t(selected) / t(oracle) - 1)"
+
+
+def plot(result: Mapping[str, Any], path: str) -> bool:
+    """Sorted per-point regret curves per selector, written to ``path``. Returns False (and says why on stderr)
+    when matplotlib is not installed; True when written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plot skipped: matplotlib is not installed (pip install matplotlib); {path} not written",
+              file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, s in result["selectors"].items():
+        xs = sorted(p.regret for p in s.points if p.regret is not None)
+        if not xs:
+            continue
+        ax.plot([100.0 * (i + 1) / len(xs) for i in range(len(xs))], [100.0 * x for x in xs],
+                label=f"{name} (geomean {_pct(s.geomean)})")
+    ax.set_xlabel("points (%), sorted by regret")
+    ax.set_ylabel("regret vs measured oracle (%)")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``evaluate`` to an ``oasr tune`` subparsers object; the parser's default ``func`` is ``handler``."""
+    p = subparsers.add_parser(
+        "evaluate", help="regret of selectors (DB files, default, torch) against the measured oracle",
+        description="Score DB files and the constant default/torch selectors against a measurement log.")
+    p.add_argument("--log", required=True, action="append", metavar="LOG",
+                   help="measurement log (JSONL); repeat to concatenate logs")
+    p.add_argument("--db", action="append", default=[], metavar="NAME=PATH",
+                   help="a tuning DB file to score under NAME (repeatable)")
+    p.add_argument("--miss", default="default",
+                   help="config a DB selector answers where it has no entry/region (default: 'default', as the "
+                        "runtime ends); 'none' counts such points as uncovered instead")
+    p.add_argument("--plot", metavar="OUT.png", help="write a regret plot (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    p.set_defaults(func=handler)
+    return p
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Run ``oasr tune evaluate``. 0 on success, 2 on bad input (message on stderr)."""
+    selectors: dict[str, Selector] = {}
+    miss = None if str(args.miss).lower() == "none" else args.miss
+    try:
+        records: list[dict[str, Any]] = []
+        for log in args.log:
+            records.extend(read_log(log))
+        for spec in args.db:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--db expects NAME=PATH, got {spec!r}")
+            if name in selectors:
+                raise ValueError(f"--db name {name!r} given twice")
+            selectors[name] = db_selector(load_db_entries(path), miss=miss)
+    except (OSError, ValueError) as e:
+        print(f"oasr tune evaluate: {e}", file=sys.stderr)
+        return 2
+    # The constant baselines are always scored; a --db named like one of them takes its place.
+    for const in ("default", "torch"):
+        selectors.setdefault(const, constant_selector(const))
+    result = evaluate(records, selectors, miss=miss)
+    if args.json:
+        print(json.dumps({"points": result["points"],
+                          "selectors": {k: v.as_dict() for k, v in result["selectors"].items()}}, indent=1))
+    else:
+        print(format_table(result))
+    if args.plot:
+        plot(result, args.plot)
+    return 0

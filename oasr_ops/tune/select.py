@@ -1,0 +1,383 @@
+"""Config selection: user ▸ system ▸ cost model ▸ default (gemm) / heuristic (scaled_mm), memoised per epoch.
+
+`select_config(family, op, dtype, n, k, m, arch=None) -> Selection(config, tier, signature)`:
+
+* The DB tiers are walked as `database.chain` orders them (user/dt-specific, user/half, system/dt-specific,
+  system/half); each entry rounds M up to a region and falls through where it does not cover M. A DB config
+  that the lane's static feasibility rules reject for (N, K, arch) is warned about once and treated as a hole.
+* Then the cost-model tier (`register_cost_model(family, fn)`, fn(lane, m, n, k, dtype) -> id | None; absent by
+  default; ``OASR_TUNE_MODEL_FALLBACK=0`` turns it off), then the family fallback: for gemm the native lane's
+  default id (the sentinel ``"default"`` where no lane runs), for scaled_mm* the registered heuristic
+  (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
+* ``OASR_GEMM_HEURISTIC=0``: every gemm shape gets the lane default, tier ``default``.
+* A region naming a sentinel (``default``/``torch``/``fused``/``heuristic``) is returned as that sentinel.
+* ``arch=None`` means the current arch; with no GPU and no ``OASR_ARCH`` the answer is
+  ``Selection("default", "default", sig)``.
+
+Epochs: environment variables and the DB are read at the first resolution after import or
+`database.reload()`; the memo is dropped on reload, so a selection changes only at a reload. A hit is one dict
+access (key: family, op, dtype, n, k, m, arch as passed) plus a counter increment.
+
+Counting (decision): every CALL is counted under the tier that answered (``recorded per resolution``); the report
+also gives the number of distinct shapes per tier. `tuning_report()` returns ``{family: {op: {tier: calls}}}``
+(or prints a text table with ``print_=True`` and returns the text).
+
+`region_table(...)` merges the tiers into one ``[[m_hi, config], ..., [None, terminator]]`` a compiled graph can
+bake; `resolve_in_table(table, m)` is its per-call round-up lookup. The table gives the same answer as
+`select_config` for every M: it is built by resolving the chain at every breakpoint of every tier. Where the
+fallback depends on M (a cost model or a registered heuristic is active) the table says ``"auto"`` there, which
+the op resolves through `select_config` (the same memoised answer).
+
+Raises: ValueError for an unknown family/op or dtype from the caller; never on DB content or a failing plug-in
+(a plug-in that raises or returns an id outside the lane's space is warned about once and skipped).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..configs import SENTINELS, ConfigError, parse
+from . import database as _db
+from .arch import current_arch_family, normalize_arch
+
+TIER_NAMES = ("user", "system", "model", "default", "heuristic")
+_FALLBACK_TIER = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic", "scaled_mm_fp8": "heuristic"}
+_FALLBACK_SENTINEL = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic",
+                      "scaled_mm_fp8": "heuristic"}
+
+PluginFn = Callable[[Any, int, int, int, Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    config: str
+    tier: str
+    signature: str
+
+
+class _Cell:
+    """A memoised selection and how many calls it answered."""
+
+    __slots__ = ("sel", "calls", "family", "op")
+
+    def __init__(self, sel: Selection, family: str, op: str) -> None:
+        self.sel, self.calls, self.family, self.op = sel, 0, family, op
+
+
+_LOCK = threading.Lock()
+_MEMO: dict[tuple, _Cell] = {}
+_CTX: dict[tuple, "_Ctx"] = {}
+_TOTALS: dict[tuple[str, str, str], list[int]] = {}  # (family, op, tier) -> [calls, shapes] of past epochs
+_FALLBACKS: dict[str, PluginFn] = {}
+_COST_MODELS: dict[str, PluginFn] = {}
+_WARNED: set[str] = set()
+
+
+def _warn(msg: str) -> None:
+    if msg in _WARNED:
+        return
+    _WARNED.add(msg)
+    warnings.warn(msg, _db.TuningDBWarning, stacklevel=3)
+
+
+def _on_reload(_epoch: int) -> None:
+    global _MEMO, _CTX
+    with _LOCK:
+        for cell in _MEMO.values():
+            t = _TOTALS.setdefault((cell.family, cell.op, cell.sel.tier), [0, 0])
+            t[0] += cell.calls
+            t[1] += 1
+        _MEMO, _CTX = {}, {}
+        _WARNED.clear()
+
+
+_db.on_reload(_on_reload)
+
+
+def register_fallback(family: str, fn: PluginFn | None) -> None:
+    """The family's untuned selector (e.g. the int8 heuristic): fn(lane, m, n, k, dtype) -> config id.
+
+    Takes effect at the next `database.reload()`; None unregisters.
+    """
+    _check_family(family)
+    if fn is None:
+        _FALLBACKS.pop(family, None)
+    else:
+        _FALLBACKS[family] = fn
+
+
+def register_cost_model(family: str, fn: PluginFn | None) -> None:
+    """The cost-model tier for `family`: fn(lane, m, n, k, dtype) -> config id | None (None = no opinion).
+
+    The model may consult `database.model_params(family, arch)`. Takes effect at the next reload.
+    """
+    _check_family(family)
+    if fn is None:
+        _COST_MODELS.pop(family, None)
+    else:
+        _COST_MODELS[family] = fn
+
+
+def _check_family(family: str) -> None:
+    if family not in _db.FAMILY_OPS:
+        raise ValueError(f"unknown kernel family {family!r}")
+
+
+# ------------------------------------------------------------------------------------------------ context
+
+
+@dataclass
+class _Ctx:
+    """Everything about one (family, op, dtype, n, k, arch) that does not depend on M, for one epoch."""
+
+    family: str
+    op: str
+    dtype: Any
+    n: int
+    k: int
+    arch: str
+    sig: str
+    lane: Any
+    chain: list[tuple[str, tuple[tuple[int | None, str | None], ...], dict[str, str]]]
+    model: PluginFn | None
+    fallback_fn: PluginFn | None
+    fallback_const: str | None  # the fallback when it does not depend on M
+    fallback_tier: str
+
+
+def _valid_plugin_id(cfg: Any, lane: Any) -> bool:
+    if not isinstance(cfg, str):
+        return False
+    if cfg in SENTINELS:
+        return True
+    try:
+        if lane is not None:
+            lane.get(cfg)
+        else:
+            parse(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def _feasible_regions(regions, lane, n: int, k: int, arch: str, sig: str):
+    if lane is None:
+        return regions
+    out = []
+    for m_hi, cfg in regions:
+        if cfg is not None and cfg not in SENTINELS:
+            try:
+                why = lane.infeasible_reason(lane.get(cfg), n=n, k=k, arch_family=arch)
+            except ConfigError as e:
+                why = str(e)
+            if why is not None:
+                _warn(f"tuning DB {sig}: {cfg} cannot serve here ({why}); falls through")
+                cfg = None
+        out.append((m_hi, cfg))
+    return tuple(out)
+
+
+def _native_lane(arch: str, family: str):
+    try:
+        from ..codegen.lanes import native_lane
+
+        return native_lane(arch, family)
+    except Exception:
+        return None
+
+
+def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: str) -> _Ctx:
+    lane = _native_lane(arch, family)
+    heuristic_off = family == "gemm" and os.environ.get("OASR_GEMM_HEURISTIC", "").strip() == "0"
+    model_on = os.environ.get("OASR_TUNE_MODEL_FALLBACK", "auto").strip() != "0"
+    chain = []
+    if not heuristic_off:
+        for tier, e in _db.chain(family, op, dtype, n, k, arch):
+            chain.append((tier, _feasible_regions(e.regions, lane, n, k, arch, e.signature), dict(e.points)))
+    model = _COST_MODELS.get(family) if (model_on and not heuristic_off) else None
+    fb = None if heuristic_off else _FALLBACKS.get(family)
+    const = None
+    if fb is None:
+        const = lane.default.id if (lane is not None and family == "gemm") else _FALLBACK_SENTINEL[family]
+    return _Ctx(family, op, dtype, n, k, arch, sig, lane, chain, model, fb, const, _FALLBACK_TIER[family])
+
+
+def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str) -> _Ctx:
+    dt = _db.normalize_dtype(dtype)
+    key = (_db.epoch(), family, op, dt, n, k, arch)  # the epoch: a context built from an older snapshot never leaks
+    ctx = _CTX.get(key)
+    if ctx is None:
+        sigs = _db.lookup_signatures(family, op, dt, n, k)
+        sig = sigs[0] if sigs else f"{family}|op={op}|dt={dt}|N={n}|K={k}"
+        ctx = _make_ctx(family, op, dt, n, k, arch, sig)
+        _CTX[key] = ctx
+    return ctx
+
+
+def _walk_db(ctx: _Ctx, m: float, point: str | None = None) -> tuple[str, str] | None:
+    for tier, regions, points in ctx.chain:
+        if point is not None and point in points:
+            return points[point], tier
+        for m_hi, cfg in regions:
+            if m_hi is None or m_hi >= m:
+                if cfg is not None:
+                    return cfg, tier
+                break  # a hole: this entry does not answer here
+    return None
+
+
+def _call_plugin(kind: str, fn: PluginFn, ctx: _Ctx, m: int) -> str | None:
+    try:
+        cfg = fn(ctx.lane, m, ctx.n, ctx.k, ctx.dtype)
+    except Exception as e:  # a broken plug-in must not break a GEMM call
+        _warn(f"{kind} for {ctx.family} raised {e!r}; skipped")
+        return None
+    if cfg is None:
+        return None
+    if not _valid_plugin_id(cfg, ctx.lane):
+        _warn(f"{kind} for {ctx.family} returned {str(cfg)[:64]!r}, not a config of this lane; skipped")
+        return None
+    return cfg
+
+
+def _fallback(ctx: _Ctx, m: int) -> tuple[str, str]:
+    if ctx.model is not None:
+        cfg = _call_plugin("cost model", ctx.model, ctx, m)
+        if cfg is not None:
+            return cfg, "model"
+    if ctx.fallback_fn is not None:
+        cfg = _call_plugin("fallback", ctx.fallback_fn, ctx, m)
+        if cfg is not None:
+            return cfg, ctx.fallback_tier
+        return _FALLBACK_SENTINEL[ctx.family], ctx.fallback_tier
+    return ctx.fallback_const or _FALLBACK_SENTINEL[ctx.family], ctx.fallback_tier
+
+
+def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None,
+             point: str | None = None) -> Selection:
+    if family not in _db.FAMILY_OPS or op not in _db.FAMILY_OPS[family]:
+        raise ValueError(f"unknown family/op {family!r}/{op!r}")
+    a = normalize_arch(arch) if arch else current_arch_family()
+    if a is None:
+        dt = _db.normalize_dtype(dtype)
+        sigs = _db.lookup_signatures(family, op, dt, n, k)
+        return Selection("default", "default", sigs[0] if sigs else f"{family}|op={op}|N={n}|K={k}")
+    ctx = _context(family, op, dtype, n, k, a)
+    hit = _walk_db(ctx, m, point)
+    cfg, tier = hit if hit is not None else _fallback(ctx, m)
+    return Selection(cfg, tier, ctx.sig)
+
+
+def _miss(key: tuple, family: str, op: str, resolve: Callable[[], Selection]) -> _Cell:
+    e0 = _db.epoch()
+    cell = _Cell(resolve(), family, op)
+    with _LOCK:
+        # A reload between resolving and memoising: serve this call, memoise nothing from the old epoch.
+        if _db.epoch() == e0:
+            cell = _MEMO.setdefault(key, cell)
+    return cell
+
+
+# ------------------------------------------------------------------------------------------------ public
+
+
+def select_config(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None) -> Selection:
+    """The config for one GEMM-family call (see the module docstring)."""
+    key = (family, op, dtype, n, k, m, arch)
+    cell = _MEMO.get(key)
+    if cell is None:
+        cell = _miss(key, family, op, lambda: _resolve(family, op, dtype, n, k, m, arch))
+    cell.calls += 1
+    return cell.sel
+
+
+def select_conv1d(op: str, dtype: Any, n: int, k: int, batch: int, t: int, t_out: int | None = None,
+                  arch: str | None = None) -> Selection:
+    """Conv1D: an exact measured point ``"BxT"`` first, then regions over M = B * T_out (T_out defaults to T)."""
+    key = ("conv1d", op, dtype, n, k, batch, t, t_out, arch)
+    cell = _MEMO.get(key)
+    if cell is None:
+        m = batch * (t_out if t_out is not None else t)
+        cell = _miss(key, "conv1d", op, lambda: _resolve("conv1d", op, dtype, n, k, m, arch, f"{batch}x{t}"))
+    cell.calls += 1
+    return cell.sel
+
+
+def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None) -> list[list]:
+    """All tiers merged into ``[[m_hi, config], ..., [None, terminator]]``; agrees with `select_config`."""
+    if family not in _db.FAMILY_OPS or op not in _db.FAMILY_OPS[family]:
+        raise ValueError(f"unknown family/op {family!r}/{op!r}")
+    a = normalize_arch(arch) if arch else current_arch_family()
+    if a is None:
+        return [[None, "default"]]
+    ctx = _context(family, op, dtype, n, k, a)
+    beyond = ctx.fallback_const if (ctx.model is None and ctx.fallback_fn is None) else "auto"
+    bps = sorted({m for _, regions, _ in ctx.chain for m, _ in regions if m is not None})
+    table: list[list] = []
+    for b in bps + [None]:
+        hit = _walk_db(ctx, float("inf") if b is None else b)
+        cfg = hit[0] if hit is not None else beyond
+        if table and table[-1][1] == cfg:
+            table[-1][0] = b  # same answer as the interval below: widen it
+        else:
+            table.append([b, cfg])
+    return table
+
+
+def resolve_in_table(table: list[list], m: int) -> str:
+    """Round M up to the first row with ``m_hi >= M`` (None = catch-all); "auto" if the table ends early."""
+    for m_hi, cfg in table:
+        if m_hi is None or m_hi >= m:
+            return cfg
+    return "auto"
+
+
+def tuning_report(print_: bool = False) -> str | dict:
+    """Calls per tier, per family and op, since import: ``{family: {op: {tier: calls}}}``.
+
+    With ``print_=True`` the report is printed (with distinct-shape counts) and the text returned.
+    """
+    with _LOCK:
+        agg: dict[tuple[str, str, str], list[int]] = {k: list(v) for k, v in _TOTALS.items()}
+        for cell in _MEMO.values():
+            t = agg.setdefault((cell.family, cell.op, cell.sel.tier), [0, 0])
+            t[0] += cell.calls
+            t[1] += 1
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for (fam, op, tier), (calls, _shapes) in sorted(agg.items()):
+        out.setdefault(fam, {}).setdefault(op, {})[tier] = calls
+    if not print_:
+        return out
+    lines = ["tuning report (calls per tier; distinct shapes in parentheses)"]
+    for fam, ops in out.items():
+        for op, tiers in ops.items():
+            parts = [f"{t}={tiers[t]} ({agg[(fam, op, t)][1]})" for t in TIER_NAMES if t in tiers]
+            lines.append(f"  {fam}/{op}: " + " ".join(parts))
+    if len(lines) == 1:
+        lines.append("  no selections yet")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def reset_counts() -> None:
+    """Forget the resolution counts (tests, or a report per phase)."""
+    with _LOCK:
+        _TOTALS.clear()
+        for cell in _MEMO.values():
+            cell.calls = 0
+
+
+def selection_hash(arch: str | None = None) -> str:
+    """`database.snapshot_hash` plus the settings and plug-ins that change selections (for a pass uuid)."""
+    h = hashlib.sha256(_db.snapshot_hash(arch).encode())
+    for var in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
+        h.update(f"|{var}={os.environ.get(var, '')}".encode())
+    for name, reg in (("model", _COST_MODELS), ("fallback", _FALLBACKS)):
+        for fam, fn in sorted(reg.items()):
+            h.update(f"|{name}:{fam}={getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}".encode())
+    return h.hexdigest()
