@@ -42,9 +42,25 @@ def jit_dir() -> Path:
     return Path(v).expanduser() if v else cache_root() / "jit"
 
 
+def import_cutlass_library():
+    """`import cutlass_library` without letting it read our command line.
+
+    cutlass_library 4.2's generator runs `argparse.parse_known_args()` at import: under `oasr tune --help` it
+    printed its own help and exited. It sees only argv[0] here.
+    """
+    import sys
+
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        import cutlass_library
+        from cutlass_library import gemm_operation, library  # noqa: F401
+    finally:
+        sys.argv = saved
+    return cutlass_library
+
+
 def cutlass_include_dirs() -> list[Path]:
     """CUTLASS headers as shipped in the nvidia-cutlass wheel (cutlass_library/source)."""
-    import cutlass_library  # a hard dependency; imported lazily so `import oasr_ops` stays cheap
-
-    src = Path(cutlass_library.__file__).resolve().parent / "source"
+    src = Path(import_cutlass_library().__file__).resolve().parent / "source"
     return [src / "include", src / "tools" / "util" / "include"]

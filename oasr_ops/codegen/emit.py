@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cutlass_library import library as L
-from cutlass_library.gemm_operation import (
+from ..configs import Config
+from ..paths import import_cutlass_library
+
+import_cutlass_library()
+from cutlass_library import library as L  # noqa: E402
+from cutlass_library.gemm_operation import (  # noqa: E402
     EmitGemmUniversal3xInstance,
     EmitGemmUniversalInstance,
     GemmOperation,
 )
-
-from ..configs import Config
 
 DTYPES = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16}
 

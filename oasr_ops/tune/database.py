@@ -272,14 +272,14 @@ def expected_lane(arch: str, family: str) -> str | None:
     return lane.name if lane is not None else None
 
 
-def _check_config(cfg: Any, lane: Any, table: Mapping[str, Any], op: str, memo: dict[str, str | None]) -> str | None:
-    """None if `cfg` may be served from this file, else why not."""
-    if isinstance(cfg, str) and cfg in memo:
-        return memo[cfg]
-    why = _check_config_uncached(cfg, lane, table, op)
-    if isinstance(cfg, str):
-        memo[cfg] = why
-    return why
+def _check_config(cfg: Any, lane: Any, table: Mapping[str, Any], op: str, memo: dict) -> str | None:
+    """None if `cfg` may be served from this file for `op`, else why not."""
+    if not isinstance(cfg, str):
+        return _check_config_uncached(cfg, lane, table, op)
+    key = (cfg, op.endswith("_quant"))  # the quantizing ops reject Stream-K: the answer depends on the op
+    if key not in memo:
+        memo[key] = _check_config_uncached(cfg, lane, table, op)
+    return memo[key]
 
 
 def _check_config_uncached(cfg: Any, lane: Any, table: Mapping[str, Any], op: str) -> str | None:
@@ -300,7 +300,7 @@ def _check_config_uncached(cfg: Any, lane: Any, table: Mapping[str, Any], op: st
         try:
             if Config.from_dict(table[cfg]) != c:
                 return f"configs table parameters for {cfg} disagree with its id"
-        except (ConfigError, AttributeError, TypeError):
+        except Exception:  # hostile parameters: ConfigError, but also OverflowError (int(inf)), AttributeError...
             return f"configs table parameters for {cfg} are malformed"
     if op.endswith("_quant") and c.kernel_schedule == "streamk":
         return f"{cfg} is a Stream-K tile; there is no quantizing Stream-K launcher"
@@ -308,7 +308,7 @@ def _check_config_uncached(cfg: Any, lane: Any, table: Mapping[str, Any], op: st
 
 
 def _parse_regions(raw: Any, sig: str, lane: Any, table: Mapping[str, Any], op: str,
-                   pr: _Problems, memo: dict[str, str | None]) -> tuple[tuple[int | None, str | None], ...] | None:
+                   pr: _Problems, memo: dict) -> tuple[tuple[int | None, str | None], ...] | None:
     if not isinstance(raw, list):
         pr.add(f"entry {_short(sig)}: regions is not a list; entry skipped")
         return None
@@ -339,7 +339,7 @@ def _parse_regions(raw: Any, sig: str, lane: Any, table: Mapping[str, Any], op: 
 
 
 def _parse_points(raw: Any, sig: str, family: str, lane: Any, table: Mapping[str, Any], op: str,
-                  pr: _Problems, memo: dict[str, str | None]) -> dict[str, str]:
+                  pr: _Problems, memo: dict) -> dict[str, str]:
     if raw is None:
         return {}
     if family != "conv1d":
@@ -363,7 +363,7 @@ def _parse_points(raw: Any, sig: str, family: str, lane: Any, table: Mapping[str
 
 
 def _parse_entry(sig: Any, raw: Any, family: str, lane: Any, table: Mapping[str, Any], pr: _Problems,
-                 memo: dict[str, str | None]) -> Entry | None:
+                 memo: dict) -> Entry | None:
     parts = parse_signature(sig)
     if parts is None or parts.family != family:
         pr.add(f"entry {_short(sig)}: not a {family} signature; skipped")
@@ -484,7 +484,7 @@ def load_file(path: Path, tier: str, arch: str, family: str, lane_expected: str 
     if model is not None and not isinstance(model, dict):
         pr.add("model is not an object; ignored")
         model = None
-    memo: dict[str, str | None] = {}
+    memo: dict = {}
     entries: dict[str, Entry] = {}
     for sig, raw in raw_entries.items():
         e = _parse_entry(sig, raw, family, lane, table, pr, memo)
@@ -644,6 +644,21 @@ def lookup(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str |
     return None
 
 
+def referenced_configs(family: str, arch: str, lane: str | None = None) -> list[str]:
+    """Every concrete config id the tiers' entries name for (family, arch): the DB's part of the production
+    compile set. Sentinels and holes are left out. Never raises on DB content."""
+    out: list[str] = []
+    for tier in TIERS:
+        lf = get_file(tier, arch, family, lane)
+        if lf is None:
+            continue
+        for e in lf.entries.values():
+            for cfg in [c for _, c in e.regions] + list(e.points.values()):
+                if cfg and cfg not in SENTINELS and cfg not in out:
+                    out.append(cfg)
+    return out
+
+
 def model_params(family: str, arch: str, lane: str | None = None) -> dict[str, Any] | None:
     """The cost-model parameters the arch's file ships (user tier first), or None."""
     for tier in TIERS:
@@ -787,7 +802,7 @@ def _configs_table(ids: Iterable[str], given: Mapping[str, Any], old: Mapping[st
         params = given.get(cid) or old.get(cid)
         try:
             ok = params is not None and Config.from_dict(params) == c
-        except (ConfigError, AttributeError, TypeError):
+        except Exception:  # malformed parameters from another writer: regenerate them from the id
             ok = False
         out[cid] = params if ok else c.to_dict()
     return out
@@ -847,8 +862,35 @@ def _merge(existing: dict[str, Any] | None, new_entries: Mapping[str, Any], *, f
     return doc
 
 
+def _format_doc(doc: dict[str, Any]) -> str:
+    """JSON with one config / one entry per line: reviewable diffs, and the C encoder's speed."""
+    lines = ["{"]
+    items = list(doc.items())
+    for i, (key, value) in enumerate(items):
+        comma = "," if i < len(items) - 1 else ""
+        if key in ("configs", "entries") and isinstance(value, dict) and value:
+            lines.append(f" {json.dumps(key)}: {{")
+            sub = list(value.items())
+            for j, (k, v) in enumerate(sub):
+                lines.append(f"  {json.dumps(k)}: {json.dumps(v)}{',' if j < len(sub) - 1 else ''}")
+            lines.append(f" }}{comma}")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _remove_orphans(path: Path) -> None:
+    # Temp files are only created under the lock we hold, so any left are a killed writer's: remove them.
+    for p in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
 def _atomic_write(path: Path, doc: dict[str, Any]) -> None:
-    text = json.dumps(doc, indent=1, sort_keys=False)
+    text = _format_doc(doc)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -896,7 +938,11 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
         raise ValueError(f"lane {lane_name} serves {lobj.family}, not {family}")
     configs = dict(configs or {})
     for cid, params in configs.items():
-        if Config.from_dict(params) != parse(cid):
+        try:
+            same = Config.from_dict(params) == parse(cid)
+        except Exception as e:
+            raise ValueError(f"configs[{cid!r}] malformed: {e}") from None
+        if not same:
             raise ValueError(f"configs[{cid!r}] parameters disagree with the id")
     _validate_new_entries(family, entries, lobj, configs)
     stamp = _val.current_soft_validators(lane_name)
@@ -919,6 +965,7 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
                               " replacing it", TuningDBWarning, stacklevel=2)
         doc = _merge(existing, entries, family=family, arch=a, lane=lane_name, stamp=stamp, configs=configs,
                      merge_regions=merge_regions, model=model)
+        _remove_orphans(path)
         _atomic_write(path, doc)
     finally:
         lock.release()

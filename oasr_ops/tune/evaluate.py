@@ -76,20 +76,23 @@ def load_db_entries(path: str) -> dict[str, Any]:
 
 def db_selector(entries: Mapping[str, Any], miss: str | None = None) -> SelectorFn:
     """Selector over a DB file's entries. An entry is ``{"regions": [[m_hi, cfg], ...]}`` or a bare region list.
+    Lookup: the signature's own entry, then its ``dt=half`` alias for dt=fp16/bf16, each rounding M up.
     A signature without an entry, or an M above the last region of an entry with no catch-all, answers
     ``miss`` (None: uncovered; ``"default"``: what the runtime ends at when no tier answers)."""
     resolve = _resolver()
 
     def select(signature: str, m: int) -> str | None:
-        e = entries.get(signature)
-        if e is None:
-            alias = _half_alias(signature)
-            e = entries.get(alias) if alias else None
-        if e is None:
-            return miss
-        table = e.get("regions") if isinstance(e, Mapping) else e
-        got = resolve(table or [], int(m))
-        return miss if got is None else got
+        # The dtype-specific entry first, then dt=half; each falls through where it does not cover M
+        # (database.chain's order within one tier).
+        for sig in (signature, _half_alias(signature)):
+            e = entries.get(sig) if sig else None
+            if e is None:
+                continue
+            table = e.get("regions") if isinstance(e, Mapping) else e
+            got = resolve(list(table or []), int(m))
+            if got is not None and got != "auto":  # select.resolve_in_table says "auto" for "not covered"
+                return got
+        return miss
 
     return select
 

@@ -18,9 +18,10 @@ Epochs: environment variables and the DB are read at the first resolution after 
 `database.reload()`; the memo is dropped on reload, so a selection changes only at a reload. A hit is one dict
 access (key: family, op, dtype, n, k, m, arch as passed) plus a counter increment.
 
-Counting (decision): every CALL is counted under the tier that answered (``recorded per resolution``); the report
-also gives the number of distinct shapes per tier. `tuning_report()` returns ``{family: {op: {tier: calls}}}``
-(or prints a text table with ``print_=True`` and returns the text).
+Counting (decision): every CALL is counted under the tier that answered (``recorded per resolution``); the
+printed report also gives the number of resolutions per tier (memo misses: one per distinct shape per epoch).
+`tuning_report()` returns ``{family: {op: {tier: calls}}}`` (or prints a text table with ``print_=True`` and
+returns the text).
 
 `region_table(...)` merges the tiers into one ``[[m_hi, config], ..., [None, terminator]]`` a compiled graph can
 bake; `resolve_in_table(table, m)` is its per-call round-up lookup. The table gives the same answer as
@@ -272,9 +273,10 @@ def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str
     return Selection(cfg, tier, ctx.sig)
 
 
-def _miss(key: tuple, family: str, op: str, resolve: Callable[[], Selection]) -> _Cell:
+def _miss(key: tuple, family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None,
+          point: str | None = None) -> _Cell:
     e0 = _db.epoch()
-    cell = _Cell(resolve(), family, op)
+    cell = _Cell(_resolve(family, op, dtype, n, k, m, arch, point), family, op)
     with _LOCK:
         # A reload between resolving and memoising: serve this call, memoise nothing from the old epoch.
         if _db.epoch() == e0:
@@ -287,10 +289,11 @@ def _miss(key: tuple, family: str, op: str, resolve: Callable[[], Selection]) ->
 
 def select_config(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None) -> Selection:
     """The config for one GEMM-family call (see the module docstring)."""
+    # The hit path: no closures here (a lambda would turn every argument into a cell variable, +100 ns).
     key = (family, op, dtype, n, k, m, arch)
     cell = _MEMO.get(key)
     if cell is None:
-        cell = _miss(key, family, op, lambda: _resolve(family, op, dtype, n, k, m, arch))
+        cell = _miss(key, family, op, dtype, n, k, m, arch)
     cell.calls += 1
     return cell.sel
 
@@ -302,7 +305,7 @@ def select_conv1d(op: str, dtype: Any, n: int, k: int, batch: int, t: int, t_out
     cell = _MEMO.get(key)
     if cell is None:
         m = batch * (t_out if t_out is not None else t)
-        cell = _miss(key, "conv1d", op, lambda: _resolve("conv1d", op, dtype, n, k, m, arch, f"{batch}x{t}"))
+        cell = _miss(key, "conv1d", op, dtype, n, k, m, arch, f"{batch}x{t}")
     cell.calls += 1
     return cell.sel
 
@@ -339,7 +342,8 @@ def resolve_in_table(table: list[list], m: int) -> str:
 def tuning_report(print_: bool = False) -> str | dict:
     """Calls per tier, per family and op, since import: ``{family: {op: {tier: calls}}}``.
 
-    With ``print_=True`` the report is printed (with distinct-shape counts) and the text returned.
+    With ``print_=True`` the report is printed (with resolution counts: one per shape per epoch) and the text
+    returned.
     """
     with _LOCK:
         agg: dict[tuple[str, str, str], list[int]] = {k: list(v) for k, v in _TOTALS.items()}
@@ -352,7 +356,7 @@ def tuning_report(print_: bool = False) -> str | dict:
         out.setdefault(fam, {}).setdefault(op, {})[tier] = calls
     if not print_:
         return out
-    lines = ["tuning report (calls per tier; distinct shapes in parentheses)"]
+    lines = ["tuning report (calls per tier; resolutions, one per shape per epoch, in parentheses)"]
     for fam, ops in out.items():
         for op, tiers in ops.items():
             parts = [f"{t}={tiers[t]} ({agg[(fam, op, t)][1]})" for t in TIER_NAMES if t in tiers]

@@ -7,7 +7,7 @@
   files, stale entries with the soft validators that differ, resolution counts of this process. Exit 0.
 * ``diff A.json B.json [--json]``: per signature, regions added / removed / changed, configs whose parameters
   changed, evidence keys added / removed / changed. Exit 0 when equal, 1 when different, 2 when a file cannot be
-  read as a tuning file (size-capped like the database, never executed).
+  read as a tuning file (size-capped like the database, never executed). ``status`` exits 2 on a bad --arch.
 """
 from __future__ import annotations
 
@@ -62,7 +62,11 @@ def _status_text(d: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    d = status_data(getattr(args, "arch", None))
+    try:
+        d = status_data(getattr(args, "arch", None))
+    except ValueError as e:  # a misspelt --arch
+        print(f"oasr tune status: {e}", file=sys.stderr)
+        return 2
     if getattr(args, "json", False):
         print(json.dumps(d, indent=1, default=str))
     else:
