@@ -15,5 +15,7 @@ setup(
     extras_require={"test": ["pytest"]},
     entry_points={
         "console_scripts": ["oasr=oasr_ops.cli:main"],
+        # The ONLY registration of backend="oasr" (a register_backend call as well would be a duplicate name).
+        "torch_dynamo_backends": ["oasr = oasr_ops.inductor.backend:oasr_backend"],
     },
 )

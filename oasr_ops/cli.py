@@ -7,7 +7,8 @@ import sys
 
 # Modules that add `oasr tune <name>` subcommands through `register(subparsers)`; a module that is not
 # there yet (or fails to import) only loses its subcommands.
-_TUNE_MODULES = ("oasr_ops.tune.prebuild", "oasr_ops.tune.status", "oasr_ops.tune.evaluate")
+_TUNE_MODULES = ("oasr_ops.tune.prebuild", "oasr_ops.tune.build", "oasr_ops.tune.status", "oasr_ops.tune.evaluate",
+                 "oasr_ops.tune.census")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .configs import AUTO, SENTINELS, Config, ConfigError, parse
+from .tune import database as _database
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -173,12 +174,7 @@ def _warn_once(key: tuple, msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-def _db_epoch() -> int:
-    try:
-        from .tune import database
-    except ImportError:
-        return 0
-    return database.epoch()
+_db_epoch = _database.epoch
 
 
 def signature(dtype_name: str, activation: str, n: int, k: int) -> str:
@@ -187,11 +183,9 @@ def signature(dtype_name: str, activation: str, n: int, k: int) -> str:
 
 
 def _select(dtype_name: str, activation: str, n: int, k: int, m: int) -> tuple[str, str]:
+    from .tune.select import select_config
+
     op = "gemm" if activation == "none" else "gemm_activation"
-    try:
-        from .tune.select import select_config
-    except ImportError:
-        return "default", "default"
     sel = select_config("gemm", op, dtype_name, n, k, m)
     return sel.config, sel.tier
 
@@ -243,6 +237,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
     ws_bytes = int(lib.workspace_size(m, n, k, split, act))
     run_c = lib.run
     align = 16  # bytes: TMA descriptors and 128-bit vector loads
+    raw_stream = torch._C._cuda_getCurrentRawStream  # what torch.cuda.current_stream().cuda_stream returns
 
     def run_kernel(a, w, bias):
         if a.data_ptr() % align or w.data_ptr() % align or (bias is not None and bias.data_ptr() % align):
@@ -253,7 +248,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
         rc = run_c(a.data_ptr(), w.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
                    m, n, k, split, act, None if ws is None else ws.data_ptr(), ws_bytes,
-                   torch.cuda.current_stream(a.device).cuda_stream)
+                   raw_stream(a.get_device()))
         if rc != 0:
             raise RuntimeError(f"oasr.gemm: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out

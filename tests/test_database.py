@@ -22,7 +22,7 @@ from oasr_ops.tune import validators as val
 
 LANE = "sm90_f16_wgmma"
 A, B, C, D = "t64x64x64_c1x1_pp", "t128x128x64_c1x1_coop", "t64x128x64_c1x1_pp", "t128x256x64_c1x1_coop"
-SK = "t128x128x64_c1x1_sk"
+SK = "t128x128x128_c1x1_sk"  # an sm90_int8_wgmma Stream-K tile (the scaled_mm tests use it)
 NOT_IN_LANE = "t64x64x64_c1x1_pp_a4"  # parses, but the lane has no alignment-4 variant
 SIG = "gemm|op=gemm|dt=half|N=512|K=256"
 SIG2 = "gemm|op=gemm|dt=half|N=1024|K=256"

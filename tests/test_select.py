@@ -18,6 +18,7 @@ LANE = "sm90_f16_wgmma"
 DEFAULT = native_lane("sm90").default.id
 A, B, C, D = "t64x64x64_c1x1_pp", "t128x128x64_c1x1_coop", "t64x128x64_c1x1_pp", "t128x256x64_c1x1_coop"
 SIG = "gemm|op=gemm|dt=half|N=512|K=256"
+A8, B8 = "t64x64x128_c1x1_pp", "t128x128x128_c1x1_coop"  # sm90_int8_wgmma tiles for the scaled_mm family
 
 
 @pytest.fixture
@@ -110,17 +111,17 @@ def test_heuristic_off_uses_lane_default(env, monkeypatch):
 
 def test_scaled_mm_heuristic_fallback(env):
     sig = "scaled_mm|op=scaled_mm|N=768|K=256"
-    write_db(env.system, "scaled_mm", {sig: {"regions": [[7136, "heuristic"], [None, B]]}}, lane="sm90_int8_wgmma")
+    write_db(env.system, "scaled_mm", {sig: {"regions": [[7136, "heuristic"], [None, B8]]}}, lane="sm90_int8_wgmma")
     db.reload()
     s = sel.select_config("scaled_mm", "scaled_mm", "int8", 768, 256, 10)
     assert s == sel.Selection("heuristic", "system", sig)
-    assert sel.select_config("scaled_mm", "scaled_mm", "int8", 768, 256, 8000).config == B
+    assert sel.select_config("scaled_mm", "scaled_mm", "int8", 768, 256, 8000).config == B8
     assert sel.select_config("scaled_mm", "scaled_mm", "int8", 64, 64, 8000) == \
         sel.Selection("heuristic", "heuristic", "scaled_mm|op=scaled_mm|N=64|K=64")
-    sel.register_fallback("scaled_mm", lambda lane, m, n, k, dt: A if m < 100 else "bogus")
+    sel.register_fallback("scaled_mm", lambda lane, m, n, k, dt: A8 if m < 100 else "bogus")
     db.reload()
     assert sel.select_config("scaled_mm", "scaled_mm_quant", "int8", 64, 64, 8) == \
-        sel.Selection(A, "heuristic", "scaled_mm|op=scaled_mm_quant|N=64|K=64")
+        sel.Selection(A8, "heuristic", "scaled_mm|op=scaled_mm_quant|N=64|K=64")
     with pytest.warns(db.TuningDBWarning, match="fallback"):
         assert sel.select_config("scaled_mm", "scaled_mm_quant", "int8", 64, 64, 800).config == "heuristic"
 

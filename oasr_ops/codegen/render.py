@@ -32,6 +32,10 @@ def _env() -> jinja2.Environment:
 
 def render(lane: Lane, config: Config, dtype: str) -> str:
     """The full translation unit for one kernel. Raises ValueError for a config outside the lane or a bad dtype."""
+    if lane.family == "scaled_mm":  # the int8 W8A8 lanes: their own emitter and templates (emit_int8.py)
+        from .emit_int8 import render_scaled_mm
+
+        return render_scaled_mm(lane, config, dtype)
     if dtype not in _ELEMENT:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
     if config.kernel_key() not in {c.kernel_key() for c in lane.space}:

@@ -1,0 +1,75 @@
+"""The `oasr` torch.compile backend: Inductor with the oasr rewrite in `post_grad_custom_pre_pass`.
+
+Registered ONLY through the ``torch_dynamo_backends`` entry point in setup.py (``oasr =
+oasr_ops.inductor.backend:oasr_backend``), so ``torch.compile(m, backend="oasr")`` works after ``pip install``
+without importing oasr_ops first. Calling `torch._dynamo.register_backend` here as well would make Dynamo
+raise "duplicate name" (notes/torch-integration.md). A checkout that is not installed can pass the function
+itself: ``torch.compile(m, backend=oasr_ops.inductor.backend.oasr_backend)``.
+
+``torch.compile`` forwards ``mode`` and ``options`` to a non-Inductor backend as keyword arguments (only when
+non-default):
+
+* ``mode``: mapped like Inductor does, through `torch._inductor.list_mode_options` (``reduce-overhead`` ->
+  ``{"triton.cudagraphs": True}``, ``max-autotune`` -> ...).
+* ``options={"tuning": TuningConfig(...)}``: with ``mode="prewarm"`` the graph's GEMM points that no DB tier
+  covers are measured into the user tier before the graph is compiled; with ``strict=True`` an uncovered point
+  raises `UncoveredPointsError` instead of compiling with fallbacks. Every other option is an Inductor config
+  patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours.
+
+Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
+`compile_fx(gm, example_inputs, config_patches=...)`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .rewrite import ChainedPass, OasrRewritePass
+
+
+def _config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    patches: dict[str, Any] = {}
+    if mode and mode != "default":
+        import torch._inductor as inductor
+
+        patches.update(inductor.list_mode_options(mode))
+    patches.update(options)
+    ours = OasrRewritePass()
+    user_pass = patches.pop("post_grad_custom_pre_pass", None)
+    patches["post_grad_custom_pre_pass"] = ours if user_pass is None else ChainedPass(ours, user_pass)
+    return patches
+
+
+def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+                 options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """Dynamo backend: (optional prewarm / strict check) -> Inductor with the oasr rewrite pass."""
+    from torch._inductor.compile_fx import compile_fx
+
+    opts = dict(options or {})
+    opts.update(kwargs)
+    tuning = opts.pop("tuning", None)
+    if tuning is not None:
+        from ..tuning import TuningConfig
+
+        if isinstance(tuning, dict):
+            tuning = TuningConfig(**tuning)
+        if not isinstance(tuning, TuningConfig):
+            raise TypeError(f"options['tuning'] must be an oasr_ops.TuningConfig, got {type(tuning).__name__}")
+        if tuning.mode == "prewarm" or tuning.strict:
+            from ..tune.prewarm import prewarm_graph
+
+            prewarm_graph(gm, example_inputs, tuning)
+    return compile_fx(gm, example_inputs, config_patches=_config_patches(mode, opts))
+
+
+def _reset() -> None:
+    """What Inductor's wrapper resets: the CUDA-graph trees (called by torch._dynamo.reset())."""
+    try:
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+    except ImportError:  # pragma: no cover
+        return
+    reset_cudagraph_trees()
+
+
+oasr_backend.reset = _reset  # type: ignore[attr-defined]

@@ -1,0 +1,113 @@
+"""`quantize_(model, "int8_w8a8")`: swap `nn.Linear` layers for int8 W8A8 `QuantLinear` layers, in place.
+
+A layer qualifies when its GEMM fits the int8 kernels: K (in_features) % 16 == 0 and N (out_features) % 8 == 0;
+the others stay as they are (full precision). Weights are quantized once, symmetric per output channel
+(``scale_w[n] = amax(|W[n, :]|) / 127``, ``W_q = clamp(round(W / scale_w), -127, 127)``); activations are
+quantized per token at every call (`torch.ops.oasr.quantize_per_token`, a composite op that Inductor fuses),
+then `torch.ops.oasr.scaled_mm` runs the GEMM with config ``auto`` (the tuning DB's ``scaled_mm`` family, else
+the int8 shape heuristic).
+
+Output dtype: the layer's own dtype when it is fp16/bf16; an fp32 layer computes in fp16 (the int8 kernels
+write fp16/bf16) and casts the result back to fp32. The bias is kept in that output dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+SCHEMES = ("int8_w8a8",)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: (w_q int8 [N, K], scale_w fp32 [N]) with w ≈ w_q * scale_w[:, None]."""
+    wf = w.detach().float()
+    scale = wf.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(wf / scale[:, None]).clamp_min(-127.0).clamp_max(127.0).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def qualifies(linear: nn.Linear) -> bool:
+    return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
+
+
+class QuantLinear(nn.Module):
+    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, config: str = "auto") -> None:
+        super().__init__()
+        if out_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
+        self.out_features, self.in_features = weight_q.shape
+        self.out_dtype = out_dtype
+        self.config = config
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("scale_w", scale_w)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
+        wq, sw = quantize_weight(linear.weight)
+        dt = linear.weight.dtype
+        out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.float16
+        return cls(wq, sw, linear.bias, out_dtype, config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        q, scale_a = torch.ops.oasr.quantize_per_token(x2)
+        y = torch.ops.oasr.scaled_mm(q, self.weight_q, scale_a, self.scale_w, self.bias, self.out_dtype, self.config)
+        y = y.reshape(*lead, self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme=int8_w8a8")
+
+
+def quantize_(model: nn.Module, scheme: str = "int8_w8a8", *, config: str = "auto") -> nn.Module:
+    """Replace every qualifying `nn.Linear` of `model` (the model itself included) by a `QuantLinear`.
+
+    Mutates `model` in place and returns it (a bare `nn.Linear` passed as `model` is returned converted).
+    ValueError for an unknown scheme.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantize_: unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
+    if isinstance(model, nn.Linear):
+        return QuantLinear.from_linear(model, config) if qualifies(model) else model
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and qualifies(child):
+                setattr(parent, name, QuantLinear.from_linear(child, config))
+    return model
+
+
+def quantization_report(model: nn.Module, arch: str | None = None) -> str:
+    """One line: ``scaled_mm: 96 quantized layer(s) over 5 signature(s): 96 with a tuning entry (system=96), 0 on
+    the shape heuristic`` — whether each layer's signature has an entry in the user/system tier for `arch`."""
+    from .tune import database
+    from .tune.arch import current_arch_family, normalize_arch
+
+    a = normalize_arch(arch) if arch else current_arch_family()
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    sigs: dict[tuple[int, int], str | None] = {}
+    for layer in layers:
+        key = (layer.out_features, layer.in_features)
+        if key not in sigs:
+            tier = None
+            if a is not None:
+                chain = database.chain("scaled_mm", "scaled_mm", None, key[0], key[1], a)
+                tier = chain[0][0] if chain else None
+            sigs[key] = tier
+    tiers: dict[str, int] = {}
+    heuristic = 0
+    for layer in layers:
+        t = sigs[(layer.out_features, layer.in_features)]
+        if t is None:
+            heuristic += 1
+        else:
+            tiers[t] = tiers.get(t, 0) + 1
+    tuned = sum(tiers.values())
+    detail = ", ".join(f"{t}={tiers[t]}" for t in ("user", "system") if t in tiers)
+    return (f"scaled_mm: {len(layers)} quantized layer(s) over {len(sigs)} signature(s): {tuned} with a tuning "
+            f"entry{f' ({detail})' if detail else ''}, {heuristic} on the shape heuristic")

@@ -1,0 +1,550 @@
+"""`oasr tune census`: which GEMM shapes a deployment runs, weighted by traffic — traced, no GPU needed.
+
+Graph keys (what a deployment captures one graph for, spec "The census"):
+
+* offline: (batch bucket, time bucket). Batch buckets are the powers of two up to ``--max-batch-size`` (plus
+  the maximum itself); time buckets are multiples of ``--time-granularity`` input frames (default 64) up to the
+  longest utterance of the manifest (or ``--max-seconds``). A fixed-window frontend (``census_info
+  ["fixed_window"]``, Whisper's 3000 frames) has exactly one time key, its window, never rounded to the
+  granularity (the encoder rejects 3008). Traffic: the manifest's durations (JSON lines with ``duration`` in
+  seconds) are replayed through length-sorted batching — longest first, ``--max-batch-size`` utterances per
+  batch, padded to the batch's longest — and each batch counts once for its (batch bucket, time bucket).
+* streaming: cohort widths 1..``--max-batch-size`` x one chunk of ``--chunk-size`` encoder frames, i.e.
+  ``chunk * subsampling + (subsampling - 1)`` input frames (the smallest input giving ``chunk`` outputs through
+  a stack of stride-2 k=3 convs) unless ``--chunk-frames`` says otherwise. Traffic: a concurrency histogram.
+  Default (decision): a Poisson distribution of active streams with mean ``max_batch_size / 4``, truncated to
+  1..max and renormalised — a service provisioned for 4x its mean load, most steps at a few streams, a thin
+  tail up to the cap. ``--concurrency-mean`` moves the mean; ``--concurrency FILE`` ({"width": weight} JSON)
+  replaces the histogram. ``--steps`` (default 1000) scales it to call counts.
+
+Every key is captured by the deployment, so every point a key reaches is must-tune, whether or not the
+replayed traffic used it (its weight is then 0).
+
+Tracing (why it is fast): the model is traced with `make_fx` on FakeTensors (no real compute, weights built on
+the ``meta`` device when the builder accepts ``device``), with Inductor's decomposition table, and the graph is
+run through the backend's own rewrite (`oasr_ops.inductor.rewrite.rewrite_graph`, ``bake=False``), so the census
+sees exactly the sites the backend rewrites. Batch and time are *symbolic* in the trace: one trace gives every
+site's M as an expression of (B, T), and each key is a substitution — all 16 layers sharing a signature cost
+nothing extra. A trace records the shape guards the model took; a key that violates them (B=1 specialises,
+a time length under the subsampling's minimum) gets a trace of its own, so results are exact per key.
+``--max-keys`` (default 1024) bounds the number of keys: beyond it the keys with traffic are kept first, then
+an even spread of the rest.
+
+Output (JSON)::
+
+    {"schema": 1, "kind": "oasr-census", "service_mode": "offline", "keys": [{"batch", "frames", "traffic"}],
+     "signatures": {"gemm|op=gemm|dt=half|N=1024|K=256": {"family", "op", "n", "k", "dtypes",
+        "points": [{"m", "weight", "calls", "must_tune", "eager_fraction"}]}}}
+
+``calls``: oasr.gemm calls at that M over the replayed workload (layers x batches hitting it); ``weight``: the
+point's share of the census's GEMM FLOPs (calls x M x N x K, all points summing to 1); ``eager_fraction``: the
+share of its calls issued eagerly (0 for traced, captured keys; from ``--capture`` recordings otherwise).
+
+``--capture FILE`` merges an ``OASR_CAPTURE_GEMM=FILE`` recording (`oasr_ops.inductor.capture`): its calls are
+eager, its points are not must-tune unless a key reaches them too.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+DEFAULT_TIME_GRANULARITY = 64
+DEFAULT_MAX_KEYS = 1024
+DEFAULT_STEPS = 1000
+DEFAULT_MAX_SECONDS = 30.0
+
+
+# ---------------------------------------------------------------------------------------------------- keys
+
+@dataclass(frozen=True)
+class Key:
+    batch: int
+    frames: int
+    traffic: float = 0.0  # batches (offline) or expected steps (streaming) using this key
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be >= 1")
+    out, b = [], 1
+    while b < max_batch_size:
+        out.append(b)
+        b *= 2
+    out.append(max_batch_size)
+    return out
+
+
+def _round_up(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def read_manifest(path: str | Path) -> list[float]:
+    """Durations (seconds) from JSON lines with a ``duration`` field; blank lines skipped."""
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        d = rec.get("duration") if isinstance(rec, dict) else None
+        if not isinstance(d, (int, float)) or d <= 0:
+            raise ValueError(f"{path}:{i}: no positive 'duration'")
+        out.append(float(d))
+    return out
+
+
+def offline_keys(durations: Sequence[float], max_batch_size: int, *, frame_shift_ms: float = 10.0,
+                 time_granularity: int = DEFAULT_TIME_GRANULARITY, fixed_window: int | None = None,
+                 max_frames: int | None = None) -> list[Key]:
+    """Every (batch bucket, time bucket) key, each with the number of replayed batches it serves."""
+    bb = batch_buckets(max_batch_size)
+    frames = [max(1, round(d * 1000.0 / frame_shift_ms)) for d in durations]
+    if fixed_window:
+        tb = [int(fixed_window)]
+
+        def t_bucket(t: int) -> int:
+            return int(fixed_window)
+    else:
+        top = max_frames or (max(frames) if frames else round(DEFAULT_MAX_SECONDS * 1000 / frame_shift_ms))
+        tb = list(range(time_granularity, _round_up(top, time_granularity) + 1, time_granularity))
+
+        def t_bucket(t: int) -> int:
+            return _round_up(min(t, tb[-1]), time_granularity)
+    traffic: dict[tuple[int, int], int] = {}
+    order = sorted(frames, reverse=True)
+    for i in range(0, len(order), max_batch_size):
+        batch = order[i:i + max_batch_size]
+        b = next(x for x in bb if x >= len(batch))
+        key = (b, t_bucket(batch[0]))
+        traffic[key] = traffic.get(key, 0) + 1
+    return [Key(b, t, float(traffic.get((b, t), 0))) for b in bb for t in tb]
+
+
+def default_concurrency(max_batch_size: int, mean: float | None = None) -> dict[int, float]:
+    """Poisson(mean, default max/4) over 1..max, renormalised (see the module docstring)."""
+    lam = float(mean) if mean else max(1.0, max_batch_size / 4.0)
+    logp = {w: w * math.log(lam) - lam - math.lgamma(w + 1) for w in range(1, max_batch_size + 1)}
+    top = max(logp.values())
+    p = {w: math.exp(v - top) for w, v in logp.items()}
+    s = sum(p.values())
+    return {w: v / s for w, v in p.items()}
+
+
+def chunk_input_frames(chunk_size: int, subsampling: int) -> int:
+    return chunk_size * subsampling + max(subsampling - 1, 0)
+
+
+def streaming_keys(max_batch_size: int, frames: int, histogram: dict[int, float] | None = None,
+                   steps: int = DEFAULT_STEPS) -> list[Key]:
+    hist = histogram or default_concurrency(max_batch_size)
+    total = sum(v for w, v in hist.items() if 1 <= int(w) <= max_batch_size) or 1.0
+    return [Key(w, frames, steps * float(hist.get(w, hist.get(str(w), 0.0))) / total)
+            for w in range(1, max_batch_size + 1)]
+
+
+def limit_keys(keys: list[Key], max_keys: int | None) -> list[Key]:
+    if not max_keys or len(keys) <= max_keys:
+        return keys
+    hot = sorted((k for k in keys if k.traffic > 0), key=lambda k: -k.traffic)[:max_keys]
+    cold = [k for k in keys if k.traffic <= 0]
+    room = max_keys - len(hot)
+    if room > 0 and cold:
+        step = len(cold) / room
+        hot += [cold[int(i * step)] for i in range(min(room, len(cold)))]
+    chosen = set(hot)
+    return [k for k in keys if k in chosen]
+
+
+# ---------------------------------------------------------------------------------------------------- tracing
+
+@dataclass
+class TracedSite:
+    signature: str          # dt=half spelling (the DB's family-wide signature)
+    family: str
+    op: str
+    dtype: str
+    n: int
+    k: int
+    m: int
+
+
+@dataclass
+class _Trace:
+    fixed: dict[int, int]           # dynamic-slot index -> specialised value
+    symbols: dict[int, Any]         # dynamic-slot index -> sympy Symbol
+    ranges: dict[Any, Any]
+    guards: list[Any]
+    sites: list[tuple[str, str, str, str, int, int, Any, int]]  # (sig, family, op, dtype, n, k, m or expr, count)
+
+    def fits(self, values: Sequence[int]) -> bool:
+        import sympy
+
+        subs = {}
+        for i, v in enumerate(values):
+            if i in self.fixed:
+                if self.fixed[i] != v:
+                    return False
+            elif i in self.symbols:
+                s = self.symbols[i]
+                r = self.ranges.get(s)
+                if r is not None and not (r.lower <= v <= r.upper):
+                    return False
+                subs[s] = sympy.Integer(v)
+        for g in self.guards:
+            try:
+                if not bool(g.xreplace(subs)):
+                    return False
+            except TypeError:  # not decidable from the key alone
+                return False
+        return True
+
+    def evaluate(self, values: Sequence[int]) -> list[TracedSite]:
+        import sympy
+
+        subs = {self.symbols[i]: sympy.Integer(v) for i, v in enumerate(values) if i in self.symbols}
+        out = []
+        for sig, fam, op, dt, n, k, m, count in self.sites:
+            mv = m if isinstance(m, int) else int(m.xreplace(subs))
+            out.extend([TracedSite(sig, fam, op, dt, n, k, mv)] * count)
+        return out
+
+
+def _decomps() -> dict:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dict[int, list[int]] | None = None
+                ) -> tuple[Any, Any, list[Any]]:
+    """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's pass (``bake=False``).
+
+    ``tensor_args``: tensors (real or meta) or (shape, dtype, device) triples. ``dynamic``: arg index -> dims
+    made symbolic (sizes 0/1 stay static). Returns (RewriteResult, shape_env, fake args).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from ..inductor.rewrite import rewrite_graph
+
+    shape_env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    fakes = []
+    for i, t in enumerate(tensor_args):
+        if not isinstance(t, torch.Tensor):
+            shape, dtype, device = t
+            t = torch.empty(shape, dtype=dtype, device="meta")
+            real_device = torch.device(device)
+        else:
+            real_device = t.device
+        dyn_dims = set((dynamic or {}).get(i, []))
+        sizes = [DimDynamic.DYNAMIC if (d in dyn_dims and t.shape[d] > 1) else DimDynamic.STATIC
+                 for d in range(t.dim())]
+        if any(s is DimDynamic.DYNAMIC for s in sizes):
+            f = mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+        else:
+            f = mode.from_tensor(t, static_shapes=True)
+        if real_device.type != "meta" and f.device != real_device:
+            f.fake_device = real_device  # a meta stand-in for a tensor of another device
+        fakes.append(f)
+    with torch.no_grad():
+        gm = make_fx(fn, decomposition_table=_decomps(), tracing_mode="symbolic")(*fakes)
+    gm.graph.eliminate_dead_code()
+    res = rewrite_graph(gm.graph, bake=False)
+    return res, shape_env, fakes
+
+
+class ModelTracer:
+    """Traces a model once per shape class; keys are substitutions (see the module docstring)."""
+
+    def __init__(self, model: Any, make_input: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
+                 dynamic_dims: tuple[int | None, int | None]) -> None:
+        import torch
+
+        self.model = model
+        self.make_input = make_input  # (batch, frames) -> (shape, dtype, device)
+        self.dynamic_dims = dynamic_dims  # input dims holding (batch, frames); None = static
+        self.params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        self.names = list(self.params)
+        self.traces: list[_Trace] = []
+        self.skipped: dict[str, int] = {}
+        self._torch = torch
+
+    def _fn(self, *args: Any) -> Any:
+        import torch
+
+        params = dict(zip(self.names, args[:-1]))
+        return torch.func.functional_call(self.model, params, (args[-1],))
+
+    def _trace(self, batch: int, frames: int) -> _Trace:
+        shape, dtype, device = self.make_input(batch, frames)
+        dims = [d for d in self.dynamic_dims if d is not None]
+        p_args = [self.params[n] for n in self.names]
+        res, env, fakes = trace_sites(self._fn, [*p_args, (shape, dtype, device)], {len(p_args): dims})
+        x = fakes[-1]
+        fixed, symbols = {}, {}
+        for slot, d in enumerate(self.dynamic_dims):
+            if d is None:
+                continue
+            s = x.shape[d]
+            if isinstance(s, self._torch.SymInt) and not getattr(s.node.expr, "is_number", False):
+                symbols[slot] = s.node.expr
+            else:
+                fixed[slot] = int(s)
+        agg: dict[tuple, int] = {}
+        from . import database
+
+        for site in res.sites:
+            m = site.m if site.m is not None else site.m_expr
+            sig = database.signature(site.family, site.op, "half", site.n, site.k)
+            key = (sig, site.family, site.op, site.dtype, site.n, site.k, m)
+            agg[key] = agg.get(key, 0) + 1
+        for _node, why in res.skipped:
+            self.skipped[why] = self.skipped.get(why, 0) + 1
+        guards = [g.expr for g in env.guards]
+        ranges = {s: env.var_to_range.get(s) for s in symbols.values()}
+        return _Trace(fixed, symbols, ranges, guards, [(*k, c) for k, c in agg.items()])
+
+    def sites(self, batch: int, frames: int) -> list[TracedSite]:
+        slots_values = [batch, frames]
+        for tr in self.traces:
+            if tr.fits(slots_values):
+                return tr.evaluate(slots_values)
+        tr = self._trace(batch, frames)
+        self.traces.append(tr)
+        if not tr.fits(slots_values):  # pragma: no cover - a trace always fits its own key
+            raise RuntimeError(f"trace for key ({batch}, {frames}) does not satisfy its own guards")
+        return tr.evaluate(slots_values)
+
+
+# ---------------------------------------------------------------------------------------------------- census
+
+@dataclass
+class Census:
+    service_mode: str
+    keys: list[Key]
+    points: dict[str, dict[int, dict[str, Any]]]        # sig -> m -> {calls, captured_calls, eager_calls, must}
+    meta: dict[str, dict[str, Any]]                     # sig -> {family, op, n, k, dtypes}
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        total = 0.0
+        for sig, pts in self.points.items():
+            n, k = self.meta[sig]["n"], self.meta[sig]["k"]
+            for m, p in pts.items():
+                total += p["calls"] * m * n * k
+        sigs = {}
+        for sig in sorted(self.points):
+            md = self.meta[sig]
+            pts = []
+            for m in sorted(self.points[sig]):
+                p = self.points[sig][m]
+                calls = p["calls"]
+                flops = calls * m * md["n"] * md["k"]
+                pts.append({"m": m, "weight": (flops / total) if total else 0.0, "calls": int(round(calls)),
+                            "must_tune": bool(p["must"]),
+                            "eager_fraction": (p["eager_calls"] / calls) if calls else 0.0})
+            sigs[sig] = {"family": md["family"], "op": md["op"], "n": md["n"], "k": md["k"],
+                         "dtypes": sorted(md["dtypes"]), "points": pts}
+        return {"schema": 1, "kind": "oasr-census", "service_mode": self.service_mode, **self.info,
+                "keys": [{"batch": k.batch, "frames": k.frames, "traffic": k.traffic} for k in self.keys],
+                "signatures": sigs}
+
+    def add(self, site: TracedSite, calls: float, *, must: bool, eager: bool = False) -> None:
+        self.meta.setdefault(site.signature, {"family": site.family, "op": site.op, "n": site.n, "k": site.k,
+                                              "dtypes": set()})["dtypes"].add(site.dtype)
+        p = self.points.setdefault(site.signature, {}).setdefault(
+            site.m, {"calls": 0.0, "eager_calls": 0.0, "must": False})
+        p["calls"] += calls
+        if eager:
+            p["eager_calls"] += calls
+        p["must"] = p["must"] or must
+
+
+def run_census(tracer: ModelTracer, keys: list[Key], service_mode: str, info: dict[str, Any] | None = None
+               ) -> Census:
+    c = Census(service_mode, keys, {}, {}, dict(info or {}))
+    t0 = time.perf_counter()
+    for key in keys:
+        for site in tracer.sites(key.batch, key.frames):
+            c.add(site, key.traffic, must=True)
+    c.info.update({"traces": len(tracer.traces), "trace_s": round(time.perf_counter() - t0, 3),
+                   "stayed_on_aten": dict(tracer.skipped)})
+    return c
+
+
+def merge_capture(c: Census, path: str | Path) -> int:
+    """Add an OASR_CAPTURE_GEMM recording's eager calls; returns the number of records merged."""
+    from ..inductor.capture import read_capture
+    from . import database
+
+    n = 0
+    for r in read_capture(path):
+        parts = database.parse_signature(r["signature"])
+        if parts is None:
+            continue
+        sig = database.signature(parts.family, parts.op, "half", parts.n, parts.k)
+        site = TracedSite(sig, parts.family, parts.op, r.get("dtype", "half"), parts.n, parts.k, int(r["m"]))
+        c.add(site, float(r.get("calls", 1)), must=False, eager=True)
+        n += 1
+    return n
+
+
+def load_census(path_or_doc: str | Path | dict) -> dict[str, Any]:
+    if isinstance(path_or_doc, dict):
+        return path_or_doc
+    return json.loads(Path(path_or_doc).read_text())
+
+
+def must_tune_points(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(signature, signature meta, point) for every must-tune point of a census document."""
+    out = []
+    for sig, s in doc.get("signatures", {}).items():
+        for p in s.get("points", []):
+            if p.get("must_tune"):
+                out.append((sig, s, p))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- model
+
+def _parse_model_args(items: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--model-args expects key=value, got {it!r}")
+        out[k] = v
+    return out
+
+
+def load_builder(spec: str) -> tuple[Callable[..., Any], Any]:
+    mod_name, sep, fn_name = spec.partition(":")
+    if not sep:
+        raise ValueError(f"--model expects module:function, got {spec!r}")
+    mod = importlib.import_module(mod_name)
+    return getattr(mod, fn_name), mod
+
+
+def build_for_census(builder: Callable[..., Any], args: dict[str, Any]) -> Any:
+    """Build the model, on the meta device when the builder takes ``device`` and none was given."""
+    params = inspect.signature(builder).parameters
+    kw = dict(args)
+    if "device" in params and "device" not in kw:
+        kw["device"] = "meta"
+    return builder(**kw)
+
+
+def input_maker(model: Any, info: dict[str, Any]) -> tuple[Callable[[int, int], Any], tuple[int, int | None]]:
+    import torch
+
+    p = next(iter(model.parameters()))
+    dtype = p.dtype if p.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+    device = p.device
+    feat = int(info.get("n_mels", 80))
+    layout = str(info.get("input_layout", "BTF")).upper()
+    fixed = info.get("fixed_window")
+    t_dim = None if fixed else (1 if layout == "BTF" else 2)
+
+    def make(batch: int, frames: int):
+        shape = (batch, frames, feat) if layout == "BTF" else (batch, feat, frames)
+        return shape, dtype, device
+    return make, (0, t_dim)
+
+
+def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max_batch_size: int,
+                     durations: Sequence[float] | None = None, time_granularity: int = DEFAULT_TIME_GRANULARITY,
+                     max_seconds: float | None = None, chunk_size: int = 16, chunk_frames: int | None = None,
+                     concurrency: dict[int, float] | None = None, concurrency_mean: float | None = None,
+                     steps: int = DEFAULT_STEPS, max_keys: int | None = DEFAULT_MAX_KEYS) -> Census:
+    shift = float(info.get("frame_shift_ms", 10))
+    fixed = info.get("fixed_window")
+    if service_mode == "offline":
+        max_frames = round(max_seconds * 1000 / shift) if max_seconds else None
+        keys = offline_keys(durations or [], max_batch_size, frame_shift_ms=shift,
+                            time_granularity=time_granularity, fixed_window=fixed, max_frames=max_frames)
+    elif service_mode == "streaming":
+        frames = int(fixed) if fixed else (chunk_frames or chunk_input_frames(chunk_size,
+                                                                             int(info.get("subsampling", 1))))
+        hist = concurrency or default_concurrency(max_batch_size, concurrency_mean)
+        keys = streaming_keys(max_batch_size, frames, hist, steps)
+    else:
+        raise ValueError(f"service mode must be offline or streaming, got {service_mode!r}")
+    keys = limit_keys(keys, max_keys)
+    make, dims = input_maker(model, info)
+    tracer = ModelTracer(model, make, dims)
+    meta = {"max_batch_size": max_batch_size, "fixed_window": fixed,
+            "time_granularity": None if fixed else time_granularity}
+    if service_mode == "streaming":
+        meta.update({"chunk_size": chunk_size, "chunk_frames": keys[0].frames if keys else None})
+    return run_census(tracer, keys, service_mode, meta)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("census", help="trace a model's graph keys on FakeTensors: GEMM points + weights",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="module:function building the model, e.g. "
+                   "examples.conformer:build_model")
+    p.add_argument("--model-args", nargs="*", default=[], metavar="K=V", help="builder arguments (strings)")
+    p.add_argument("--service-mode", choices=("offline", "streaming"), required=True)
+    p.add_argument("--max-batch-size", type=int, required=True)
+    p.add_argument("--manifest", help="offline: JSON lines with a 'duration' (s) per utterance")
+    p.add_argument("--time-granularity", type=int, default=DEFAULT_TIME_GRANULARITY,
+                   help=f"offline time bucket, input frames (default {DEFAULT_TIME_GRANULARITY})")
+    p.add_argument("--max-seconds", type=float, help="offline: top time bucket (default: the manifest's longest)")
+    p.add_argument("--chunk-size", type=int, default=16, help="streaming: encoder frames per chunk (default 16)")
+    p.add_argument("--chunk-frames", type=int, help="streaming: input frames per chunk (overrides the rule)")
+    p.add_argument("--concurrency", help="streaming: JSON file {width: weight} (default: Poisson, mean max/4)")
+    p.add_argument("--concurrency-mean", type=float, help="streaming: mean of the default Poisson histogram")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="streaming: decode steps the histogram "
+                   f"is scaled to (default {DEFAULT_STEPS})")
+    p.add_argument("--max-keys", type=int, default=DEFAULT_MAX_KEYS,
+                   help=f"bound on traced keys (default {DEFAULT_MAX_KEYS}; traffic-bearing keys first)")
+    p.add_argument("--n-mels", type=int, help="override census_info['n_mels']")
+    p.add_argument("--input-layout", choices=("BTF", "BFT"), help="override census_info['input_layout']")
+    p.add_argument("--fixed-window", type=int, help="override census_info['fixed_window'] (input frames)")
+    p.add_argument("--capture", action="append", default=[], help="merge an OASR_CAPTURE_GEMM recording")
+    p.add_argument("--out", required=True, help="census JSON to write")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    builder, mod = load_builder(args.model)
+    model_args = _parse_model_args(args.model_args)
+    model = build_for_census(builder, model_args)
+    info = dict(getattr(mod, "census_info", {}) or {})
+    for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
+        if v is not None:
+            info[k] = v
+    durations = read_manifest(args.manifest) if args.manifest else None
+    if args.service_mode == "offline" and durations is None and not info.get("fixed_window") \
+            and args.max_seconds is None:
+        raise SystemExit("oasr tune census: offline needs --manifest (or --max-seconds, with no traffic weights)")
+    hist = None
+    if args.concurrency:
+        hist = {int(k): float(v) for k, v in json.loads(Path(args.concurrency).read_text()).items()}
+    c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
+                         durations=durations, time_granularity=args.time_granularity, max_seconds=args.max_seconds,
+                         chunk_size=args.chunk_size, chunk_frames=args.chunk_frames, concurrency=hist,
+                         concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys)
+    for cap in args.capture:
+        merge_capture(c, cap)
+    c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
+                   "manifest": args.manifest, "captures": list(args.capture)})
+    doc = c.to_json()
+    Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    npts = sum(len(s["points"]) for s in doc["signatures"].values())
+    print(f"census: {len(doc['keys'])} key(s), {len(doc['signatures'])} signature(s), {npts} point(s), "
+          f"{c.info['traces']} trace(s) in {time.perf_counter() - t0:.1f}s -> {args.out}")
+    return 0

@@ -1,0 +1,281 @@
+"""`TuningConfig(mode="prewarm")`: measure the uncovered must-tune GEMM points into the user tier before capture.
+
+`prewarm(model, example_inputs, tuning, census=None)`:
+
+1. points: the must-tune points of ``census`` (a census JSON path or document from ``oasr tune census``) when
+   given, else the model traced once at ``example_inputs``' shapes through the backend's rewrite (the census
+   tracer; FakeTensors, no compute) — every site reached is must-tune.
+2. coverage: a point is covered when `select_config`'s tier is ``user`` or ``system``.
+3. measuring (mode ``prewarm``, on a GPU of the DB's arch only): `measure_points(points, budget_s)` times each
+   point's candidates and returns the winners; they are published into the user tier as regions WITHOUT a
+   catch-all (``[[M, winner], ...]``, merged point-wise: autotune-style, a size above the largest measured one
+   falls through), then `reload_tuning()` (from the backend: DB reload + plan reset only — compiled graphs cannot
+   be reset while Dynamo is compiling). On a CPU nothing is measured and the report says so.
+4. strict: any point still uncovered raises `UncoveredPointsError` naming them.
+
+`measure_points` is the seam the shared bench protocol (oasr_ops.tune.bench) replaces: it takes the points and a
+budget and returns ``{(signature, dtype, m): (config, seconds)}``; nothing else here knows how timing works.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class Point:
+    signature: str   # dt=half spelling
+    family: str
+    op: str
+    dtype: str       # fp16 | bf16
+    n: int
+    k: int
+    m: int
+    weight: float = 0.0
+
+
+@dataclass
+class PrewarmReport:
+    points: list[Point] = field(default_factory=list)
+    covered: list[Point] = field(default_factory=list)
+    uncovered: list[Point] = field(default_factory=list)     # after measuring
+    measured: dict[tuple[str, str, int], tuple[str, float]] = field(default_factory=dict)
+    published: list[str] = field(default_factory=list)       # paths written
+    note: str = ""
+    elapsed_s: float = 0.0
+
+    def __str__(self) -> str:
+        return (f"prewarm: {len(self.points)} must-tune point(s), {len(self.covered)} covered by the DB, "
+                f"{len(self.measured)} measured, {len(self.uncovered)} uncovered"
+                + (f" ({self.note})" if self.note else "") + f" in {self.elapsed_s:.1f}s")
+
+
+# ---------------------------------------------------------------------------------------------------- points
+
+def _points_from_sites(sites: Sequence[Any]) -> list[Point]:
+    from . import database
+
+    seen: dict[tuple, Point] = {}
+    for s in sites:
+        m = s.m if s.m is not None else getattr(s, "m_hint", None)
+        if m is None or m <= 0:
+            continue
+        sig = database.signature(s.family, s.op, "half", s.n, s.k)
+        seen.setdefault((sig, s.dtype, m), Point(sig, s.family, s.op, s.dtype, s.n, s.k, int(m)))
+    return list(seen.values())
+
+
+def points_from_census(doc: Any) -> list[Point]:
+    from .census import load_census, must_tune_points
+
+    out = []
+    for sig, meta, p in must_tune_points(load_census(doc)):
+        for dt in meta.get("dtypes") or ["fp16"]:
+            out.append(Point(sig, meta["family"], meta["op"], dt, int(meta["n"]), int(meta["k"]), int(p["m"]),
+                             float(p.get("weight", 0.0))))
+    return out
+
+
+def points_for_model(model: Any, example_inputs: Sequence[Any]) -> list[Point]:
+    """Trace `model(*example_inputs)` on FakeTensors through the rewrite; every site is a must-tune point."""
+    import torch
+
+    from .census import trace_sites
+
+    params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    names = list(params)
+
+    def fn(*args: Any) -> Any:
+        return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
+
+    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
+        raise TypeError("prewarm: example_inputs must be a sequence of tensors")
+    res, _env, _f = trace_sites(fn, [*params.values(), *example_inputs])
+    return _points_from_sites(res.sites)
+
+
+def points_for_graph(gm: Any, example_inputs: Sequence[Any]) -> list[Point]:
+    """The same for a Dynamo graph (the backend's hook); symbolic sizes are taken at their hints."""
+    import torch
+
+    from .census import trace_sites
+
+    args = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            shape = tuple(_hint(s) for s in x.shape)
+            args.append((shape, x.dtype, x.device))
+        else:
+            args.append(x)
+    tensor_idx = [i for i, a in enumerate(args) if isinstance(a, tuple)]
+    scalars = {i: _hint(a) for i, a in enumerate(args) if not isinstance(a, tuple)}
+
+    def fn(*tensors: Any) -> Any:
+        full, it = [], iter(tensors)
+        for i in range(len(args)):
+            full.append(next(it) if i in tensor_idx else scalars[i])
+        return gm(*full)
+
+    res, _env, _f = trace_sites(fn, [args[i] for i in tensor_idx])
+    return _points_from_sites(res.sites)
+
+
+def _hint(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.SymInt):
+        h = x.node.hint
+        return int(h) if h is not None else int(x.node.shape_env.size_hint(x.node.expr))
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------- coverage
+
+def is_covered(p: Point, arch: str | None = None) -> bool:
+    from .select import select_config
+
+    return select_config(p.family, p.op, p.dtype, p.n, p.k, p.m, arch).tier in ("user", "system")
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+
+def _candidates(arch: str, n: int, k: int, m: int) -> list[str]:
+    from ..codegen.lanes import native_lane
+
+    lane = native_lane(arch)
+    if lane is None:
+        return ["torch"]
+    ids = []
+    for c in (lane.default, *lane.coverage_basis):
+        if c.id not in ids and lane.infeasible_reason(c, m=m, n=n, k=k, arch_family=arch) is None:
+            ids.append(c.id)
+    return ids + ["torch"]
+
+
+def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, str, int], tuple[str, float]]:
+    """Time each point's candidates (the lane default, its coverage basis, torch) with CUDA events; winners.
+
+    Simple timing loop (warmup 3, 20 timed calls, median of 5 repeats); points in order, stopping when the
+    budget runs out. A candidate whose kernel cannot be built or run is skipped. The lead replaces this with
+    the shared bench protocol; the signature is the contract.
+    """
+    import statistics
+
+    import torch
+
+    from .arch import current_arch_family
+
+    arch = current_arch_family()
+    if not torch.cuda.is_available() or arch is None:
+        return {}
+    deadline = time.monotonic() + budget_s
+    dt_map = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    out: dict[tuple[str, str, int], tuple[str, float]] = {}
+    for p in points:
+        if time.monotonic() > deadline:
+            break
+        dtype = dt_map.get(p.dtype, torch.float16)
+        a = torch.randn(p.m, p.k, device="cuda", dtype=dtype)
+        w = torch.randn(p.n, p.k, device="cuda", dtype=dtype) / p.k ** 0.5
+        bias = torch.randn(p.n, device="cuda", dtype=dtype)
+        act = "none" if p.op == "gemm" else "silu"
+        best: tuple[str, float] | None = None
+        for cfg in _candidates(arch, p.n, p.k, p.m):
+            if time.monotonic() > deadline:
+                break
+            try:
+                for _ in range(3):
+                    torch.ops.oasr.gemm(a, w, bias, act, cfg)
+                torch.cuda.synchronize()
+                reps = []
+                for _ in range(5):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(20):
+                        torch.ops.oasr.gemm(a, w, bias, act, cfg)
+                    e.record()
+                    e.synchronize()
+                    reps.append(s.elapsed_time(e) / 20 / 1e3)
+            except Exception:  # a config that cannot build/run here is not a candidate
+                continue
+            t = statistics.median(reps)
+            if best is None or t < best[1]:
+                best = (cfg, t)
+        if best is not None:
+            out[(p.signature, p.dtype, p.m)] = best
+    return out
+
+
+def publish_winners(measured: dict[tuple[str, str, int], tuple[str, float]]) -> list[str]:
+    """User-tier entries without a catch-all (autotune-style), merged point-wise into what is there."""
+    from . import database
+
+    by_sig: dict[str, dict[int, tuple[str, float]]] = {}
+    for (sig, _dt, m), (cfg, t) in measured.items():
+        cur = by_sig.setdefault(sig, {}).get(m)
+        if cur is None or t < cur[1]:
+            by_sig[sig][m] = (cfg, t)
+    entries = {}
+    for sig, pts in by_sig.items():
+        entries[sig] = {"regions": [[m, cfg] for m, (cfg, _t) in sorted(pts.items())],
+                        "source": "prewarm",
+                        "notes": [f"M={m}: {cfg} {t * 1e6:.1f} us (prewarm timing loop)"
+                                  for m, (cfg, t) in sorted(pts.items())]}
+    if not entries:
+        return []
+    return [str(database.publish("gemm", entries, tier="user", merge_regions=True))]
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+
+def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = False) -> PrewarmReport:
+    from ..tuning import UncoveredPointsError
+    from .arch import current_arch_family
+
+    t0 = time.monotonic()
+    rep = PrewarmReport(points=list(points))
+    rep.covered = [p for p in points if is_covered(p)]
+    todo = sorted((p for p in points if not is_covered(p)), key=lambda p: (-p.weight, p.signature, p.m))
+    if todo and tuning.mode == "prewarm":
+        import torch
+
+        if not torch.cuda.is_available():
+            rep.note = "no GPU: nothing to measure on a CPU"
+        elif current_arch_family() is None:
+            rep.note = "no arch"
+        else:
+            rep.measured = measure_points(todo, tuning.budget_s)
+            rep.published = publish_winners(rep.measured)
+            if rep.published:
+                if inside_compile:
+                    from .. import library
+                    from . import database
+
+                    database.reload()
+                    library.reset_plans()
+                else:
+                    from ..tuning import reload_tuning
+
+                    reload_tuning()
+            if len(rep.measured) < len(todo):
+                rep.note = f"budget {tuning.budget_s}s: {len(todo) - len(rep.measured)} point(s) not measured"
+    rep.uncovered = [p for p in todo if not is_covered(p)]
+    rep.elapsed_s = time.monotonic() - t0
+    if tuning.strict and rep.uncovered:
+        raise UncoveredPointsError(rep.uncovered)
+    return rep
+
+
+def prewarm(model: Any, example_inputs: Sequence[Any], tuning: Any = None, *, census: Any = None) -> PrewarmReport:
+    """See the module docstring. `tuning` defaults to TuningConfig(mode="prewarm")."""
+    from ..tuning import TuningConfig
+
+    tuning = tuning or TuningConfig(mode="prewarm")
+    pts = points_from_census(census) if census is not None else points_for_model(model, tuple(example_inputs))
+    return run_prewarm(pts, tuning)
+
+
+def prewarm_graph(gm: Any, example_inputs: Sequence[Any], tuning: Any) -> PrewarmReport:
+    """The backend's hook, before the graph is compiled."""
+    return run_prewarm(points_for_graph(gm, example_inputs), tuning, inside_compile=True)

@@ -1,0 +1,272 @@
+"""torch.compile(backend="oasr"): the rewrite pass, baked configs, dynamic M, reload, caches, prewarm/strict.
+
+Real torch.compile graphs on the CPU (the op runs its reference path), a real user-tier DB in tmp_path.
+What runs is observed through the pass's own log (`rewrite_log`), the generated code, and a GemmRecorder
+(TorchDispatchMode) around the compiled graph's calls.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import oasr_ops
+from oasr_ops import library, paths
+from oasr_ops.inductor import rewrite
+from oasr_ops.inductor.backend import _config_patches, oasr_backend
+from oasr_ops.inductor.capture import GemmRecorder
+from oasr_ops.tune import database
+
+A, B, C = "t64x64x64_c1x1_pp", "t128x128x64_c1x1_coop", "t64x128x64_c1x1_pp"
+DEFAULT = "t128x128x64_c2x1_coop"  # the sm90 lane default
+
+
+@pytest.fixture
+def db_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))
+    monkeypatch.setenv("OASR_ARCH", "sm90")
+    for v in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "system")  # a test sees only its own DB
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # and compiles afresh
+    oasr_ops.reload_tuning()
+    rewrite.clear_rewrite_log()
+    yield tmp_path
+    monkeypatch.undo()
+    oasr_ops.reload_tuning()
+
+
+def publish(entries, fresh=False):
+    database.publish("gemm", {sig: {"regions": regions} for sig, regions in entries.items()}, tier="user",
+                     arch="sm90", fresh=fresh)
+
+
+class MLP(nn.Module):
+    """Linear -> GELU -> Linear (bias-free) on (B, T, 64): two GEMM sites, one with a fused activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 64, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x))) + 1.0
+
+
+def mlp(dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    return MLP().to(dtype).eval()
+
+
+def spy_backend(recorder):
+    """The real oasr backend; the compiled graph's calls run under `recorder` (to see the baked configs run)."""
+
+    def backend(gm, example_inputs, **kw):
+        fn = oasr_backend(gm, example_inputs, **kw)
+        boxed = getattr(fn, "_boxed_call", False)
+
+        def run(*args):
+            with recorder:
+                return fn(*args)
+        run._boxed_call = boxed
+        return run
+    return backend
+
+
+def sites_of_last_graph():
+    log = rewrite.rewrite_log()
+    assert log, "the pass did not run"
+    return log[-1].sites
+
+
+# ---------------------------------------------------------------------------------------------------- backend
+
+def test_mode_and_options_map_like_inductor():
+    p = _config_patches("reduce-overhead", {"max_autotune": False})
+    assert p["triton.cudagraphs"] is True and p["max_autotune"] is False
+    assert isinstance(p["post_grad_custom_pre_pass"], rewrite.OasrRewritePass)
+    assert "triton.cudagraphs" not in _config_patches(None, {})
+    assert callable(oasr_backend.reset)
+    oasr_backend.reset()
+
+
+def test_entry_point_registered():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    hits = [e for e in eps if e.name == "oasr"]
+    if not hits:
+        pytest.skip("oasr_ops is not pip-installed here (pip install -e .)")
+    assert hits[0].value == "oasr_ops.inductor.backend:oasr_backend"
+
+
+@pytest.mark.slow
+def test_backend_by_name_without_importing_oasr_ops(tmp_path):
+    if not [e for e in importlib.metadata.entry_points(group="torch_dynamo_backends") if e.name == "oasr"]:
+        pytest.skip("oasr_ops is not pip-installed here (pip install -e .)")
+    code = textwrap.dedent("""
+        import sys, torch
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU()).to(torch.bfloat16).eval()
+        x = torch.randn(4, 32, dtype=torch.bfloat16)
+        assert "oasr_ops" not in sys.modules
+        with torch.no_grad():
+            y = torch.compile(m, backend="oasr")(x)
+        from oasr_ops.inductor.rewrite import rewrite_log
+        (site,) = rewrite_log()[-1].sites
+        assert site.activation == "relu" and site.m == 4, site
+        assert (y.float() - m(x).float()).abs().max() < 0.05
+        print("OK")
+    """)
+    env = {**os.environ, "OASR_TUNE_USER_DB": "off", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_conformer_compiled_matches_eager_and_bakes_db(db_env):
+    from examples.conformer import build_model, example_inputs
+
+    publish({"gemm|op=gemm_activation|dt=half|N=1024|K=256": [[64, A]],           # FFN fc1 + SiLU: M=30
+             "gemm|op=gemm|dt=half|N=768|K=256": [[16, B], [None, C]],             # qkv: M=30 -> C
+             "gemm|op=gemm|dt=bf16|N=256|K=1024": [[8, B]]})                       # fc2: above 8 -> fallback
+    oasr_ops.reload_tuning()
+    model = build_model("S", dtype="bf16", num_layers=1)
+    (x,) = example_inputs(batch=2, frames=64, dtype="bf16")   # T' = 15, M = 30
+    with torch.no_grad():
+        ref = model(x)
+        from torch._inductor.utils import run_and_get_code
+
+        out, code = run_and_get_code(torch.compile(model, backend="oasr"), x)
+    assert (out.float() - ref.float()).abs().max().item() < 0.1
+    src = "\n".join(code)
+    assert "torch.ops.oasr.gemm.default" in src
+    sites = sites_of_last_graph()
+    assert len(sites) == 9  # subsampling Linear + 8 Linears per block
+    by = {}
+    for s in sites:
+        by.setdefault((s.op, s.n, s.k), []).append(s)
+    fc1s = by[("gemm_activation", 1024, 256)]  # macaron: two FFNs per block
+    assert [(s.activation, s.m, s.config, s.tier) for s in fc1s] == [("silu", 30, A, "user")] * 2
+    (qkv,) = by[("gemm", 768, 256)]
+    assert (qkv.config, qkv.tier) == (C, "user")
+    assert [(s.config, s.tier) for s in by[("gemm", 256, 1024)]] == [(DEFAULT, "default")] * 2
+    assert f"'{A}'" in src and f"'{C}'" in src  # the configs are in the compiled code itself
+    report = oasr_ops.tuning_report(print_=False)
+    assert report.splitlines()[-1].startswith("gemm: 9 op(s) over 6 signature(s)")
+    assert "3 with a tuning entry (user=3), 6 on a fallback (default=6)" in report
+
+
+def test_stays_on_aten_when_kernels_cannot_serve(db_env):
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(64, 60)    # N not a multiple of 8
+            self.b = nn.Linear(60, 64)    # K not a multiple of 8
+
+        def forward(self, x, w):
+            return self.b(self.a(x)) + x @ w  # x @ w: the weight is an input but not transposed
+
+    from oasr_ops.tune.census import trace_sites
+
+    m = Odd().to(torch.bfloat16)
+    x, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16)
+    params = dict(m.named_parameters())
+    fn = lambda *a: torch.func.functional_call(m, dict(zip(params, a[:-2])), a[-2:])  # noqa: E731
+    res, _, _ = trace_sites(fn, [*params.values(), x, w])
+    assert not res.sites and len(res.skipped) == 3
+    res32, _, _ = trace_sites(fn, [*(p.float() for p in params.values()), x.float(), w.float()])
+    assert not res32.sites and any("dtype" in why for _, why in res32.skipped)
+
+
+def test_dynamic_compiles_once_and_serves_region_per_m(db_env):
+    publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[32, A], [128, B], [None, C]]})
+    oasr_ops.reload_tuning()
+    model = mlp()
+    rec = GemmRecorder()
+    compiled = torch.compile(model, backend=spy_backend(rec), dynamic=True)
+    sizes = [(2, 8), (4, 16), (8, 40), (3, 5), (5, 7)]
+    with torch.no_grad():
+        for b, t in sizes:
+            x = torch.randn(b, t, 64, dtype=torch.bfloat16)
+            assert (compiled(x).float() - model(x).float()).abs().max().item() < 0.1
+    log = rewrite.rewrite_log()
+    assert len(log) == 1, "dynamic=True must compile one graph for every size"
+    fc1 = next(s for s in log[0].sites if s.op == "gemm_activation")
+    assert fc1.m is None and fc1.config.startswith("regions:") and fc1.activation == "gelu"
+    assert library.parse_table(fc1.config) == ((32, A), (128, B), (None, C))
+    served = {(m, library.resolve_table(cfg, m)) for sig, m, cfg in rec.configs if "N=128|K=64" in sig}
+    assert served == {(16, A), (64, B), (320, C), (15, A), (35, B)}
+    fc2 = next(s for s in log[0].sites if s.op == "gemm")
+    assert fc2.config == f"regions:*={DEFAULT}"  # no entry: the table is the fallback for every M
+
+
+def test_reload_changes_what_runs_and_cache_hits_only_on_unchanged_db(db_env, tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
+
+    sig = "gemm|op=gemm_activation|dt=half|N=128|K=64"
+    publish({sig: [[64, A]]})
+    oasr_ops.reload_tuning()
+    model = mlp()
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)  # M = 16
+    rec = GemmRecorder()
+    counters.clear()
+
+    def run():
+        with torch.no_grad():
+            return torch.compile(model, backend=spy_backend(rec))(x)
+
+    def ran():
+        cfgs = {cfg for s, m, cfg in rec.configs if s == sig}
+        rec.configs.clear()
+        return cfgs
+
+    with inductor_config.patch(fx_graph_cache=True):
+        run()
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1 and ran() == {A}
+        assert len(rewrite.rewrite_log()) == 1
+        torch.compiler.reset()
+        run()  # unchanged DB: the FX graph cache hits, the pass does not run, the baked config still serves
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1 and ran() == {A}
+        assert len(rewrite.rewrite_log()) == 1
+        publish({sig: [[64, B]]})
+        run()  # published but not reloaded: this epoch still serves A (no recompile either)
+        assert ran() == {A}
+        oasr_ops.reload_tuning()
+        run()  # new DB epoch + reset: recompiles, the DB hash is in the pass uuid -> cache miss, B runs
+        assert counters["inductor"]["fxgraph_cache_miss"] == 2 and ran() == {B}
+        assert rewrite.rewrite_log()[-1].sites[0].config == B
+
+
+# ---------------------------------------------------------------------------------------------------- prewarm
+
+def test_prewarm_on_cpu_reports_and_strict_raises(db_env):
+    model = mlp()
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[64, A]]})
+    oasr_ops.reload_tuning()
+    rep = oasr_ops.prewarm(model, (x,), oasr_ops.TuningConfig(mode="prewarm", budget_s=5))
+    assert len(rep.points) == 2 and len(rep.covered) == 1 and not rep.measured
+    assert "no GPU" in rep.note and [p.signature for p in rep.uncovered] == ["gemm|op=gemm|dt=half|N=64|K=128"]
+    with pytest.raises(oasr_ops.UncoveredPointsError, match=r"gemm\|op=gemm\|dt=half\|N=64\|K=128 M=16") as ei:
+        oasr_ops.prewarm(model, (x,), oasr_ops.TuningConfig(strict=True))
+    assert len(ei.value.points) == 1
+    # The backend runs the same check before compiling.
+    with pytest.raises(Exception, match="must-tune"):
+        with torch.no_grad():
+            torch.compile(model, backend=oasr_backend,
+                          options={"tuning": oasr_ops.TuningConfig(strict=True)})(x)
+    publish({"gemm|op=gemm|dt=half|N=64|K=128": [[None, B]]})
+    oasr_ops.reload_tuning()
+    assert not oasr_ops.prewarm(model, (x,), oasr_ops.TuningConfig(strict=True)).uncovered
+
+
+def test_tuning_config_validates():
+    with pytest.raises(ValueError):
+        oasr_ops.TuningConfig(mode="later")
+    assert oasr_ops.TuningConfig().mode == "off"

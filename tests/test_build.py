@@ -1,0 +1,111 @@
+"""oasr tune build's CPU-side logic: census merge, point planning, checkpoint/resume, publish; bench refusals."""
+import json
+
+import pytest
+import torch
+
+from oasr_ops.tune import bench, database
+from oasr_ops.tune.build import (BuildOptions, SignatureWork, load_censuses, parse_gemm_signature, plan_points,
+                                 run_build)
+from oasr_ops.tune.partition import partition_signature
+
+SIG_A = "gemm|op=gemm|dt=half|N=512|K=256"
+SIG_B = "gemm|op=gemm_activation|dt=half|N=1024|K=256"
+
+
+def _census(path, sigs, weight_bytes=0):
+    path.write_text(json.dumps({"weight_bytes": weight_bytes, "signatures": sigs}))
+    return str(path)
+
+
+def test_parse_signature():
+    assert parse_gemm_signature(SIG_B) == ("gemm_activation", "half", 1024, 256)
+    with pytest.raises(ValueError):
+        parse_gemm_signature("scaled_mm|op=scaled_mm|N=1|K=2")
+    with pytest.raises(ValueError):
+        parse_gemm_signature("gemm|op=gemm|N=x|K=2")
+
+
+def test_censuses_merge(tmp_path):
+    a = _census(tmp_path / "a.json", {SIG_A: {"points": [
+        {"m": 64, "weight": 2.0, "calls": 10, "must_tune": False, "eager_fraction": 0.0},
+        {"m": 128, "weight": 1.0, "calls": 10, "must_tune": True, "eager_fraction": 0.0}]}}, weight_bytes=10)
+    b = _census(tmp_path / "b.json", {SIG_A: {"points": [
+        {"m": 64, "weight": 1.0, "calls": 30, "must_tune": True, "eager_fraction": 1.0}]},
+        "scaled_mm|op=scaled_mm|N=8|K=16": {"points": [{"m": 1}]}}, weight_bytes=99)
+    works = load_censuses([a, b])
+    assert list(works) == [SIG_A]  # other families are not this build's
+    w = works[SIG_A]
+    p64 = w.points[0]
+    assert (p64.m, p64.weight, p64.calls, p64.must_tune) == (64, 3.0, 40, True)
+    assert p64.eager_fraction == pytest.approx(30 / 40)
+    assert w.weight_bytes == 99
+
+
+def test_plan_points_thin_and_fill():
+    pts = [dict(m=m, weight=1.0, calls=1, must_tune=(m == 96), eager_fraction=0.0) for m in range(8, 400, 8)]
+    from oasr_ops.tune.build import Point
+    work = SignatureWork(SIG_A, [Point(**p) for p in pts])
+    planned = plan_points(work, thin=True, max_points=6, max_fill=2)
+    census = [p for p in planned if not p.fill]
+    assert len(census) <= 6 and census[0].m == 8 and census[-1].m == 392
+    assert sum(p.weight for p in census) == pytest.approx(len(pts))  # dropped weight moved up, none lost
+    assert any(p.must_tune for p in census)
+    fills = [p for p in planned if p.fill]
+    assert len(fills) <= 2 and all(p.weight < 0.1 for p in fills)
+
+
+def _synthetic_measure(calls):
+    def measure_one(work, points, opts, result):
+        calls.append(work.signature)
+        times = {p.m: {"torch": 10.0, "t64x64x64_c1x1_pp": 5.0 if p.m <= 128 else 12.0,
+                       "t128x128x64_c2x1_coop": 20.0} for p in points}
+        result.points_measured += len(points)
+        return partition_signature(times, {p.m: p.weight for p in points}, fallback="torch").entry("aot")
+    return measure_one
+
+
+def test_run_build_checkpoints_and_resumes(tmp_path):
+    c = _census(tmp_path / "c.json", {
+        SIG_A: {"points": [{"m": 16, "weight": 1}, {"m": 128, "weight": 1}, {"m": 1000, "weight": 1}]},
+        SIG_B: {"points": [{"m": 64, "weight": 1}, {"m": 4096, "weight": 1}]}})
+    works = load_censuses([c])
+    out = tmp_path / "db"
+    opts = BuildOptions(out=str(out), checkpoint_dir=tmp_path / "ckpt", progress=False, max_fill=0)
+    calls: list[str] = []
+    res = run_build(works, opts, "sm90", "sm90_f16_wgmma", _synthetic_measure(calls))
+    assert sorted(calls) == sorted([SIG_A, SIG_B]) and not res.resumed
+    doc = json.loads((out / "sm90" / "gemm.json").read_text())
+    assert doc["entries"][SIG_A]["regions"] == [[128, "t64x64x64_c1x1_pp"], [None, "torch"]]
+    # interrupted after SIG_A: only SIG_B is measured again
+    ckpts = sorted((tmp_path / "ckpt").glob("*.json"))
+    assert len(ckpts) == 2
+    for p in ckpts:
+        if json.loads(p.read_text())["signature"] == SIG_B:
+            p.unlink()
+    calls.clear()
+    res2 = run_build(works, opts, "sm90", "sm90_f16_wgmma", _synthetic_measure(calls))
+    assert calls == [SIG_B] and res2.resumed == [SIG_A]
+    assert set(res2.entries) == {SIG_A, SIG_B}
+
+
+def test_bench_refuses_inside_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(bench.BenchError, match="capture"):
+        bench.refuse_in_capture()
+    with pytest.raises(bench.BenchError):
+        bench.measure({"x": [lambda: None] * 8})
+
+
+def test_bench_needs_eight_calls(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(bench.BenchError, match=">= 8"):
+        bench.measure({"x": [lambda: None] * 4})
+
+
+def test_copies_for_cold_and_warm(monkeypatch):
+    monkeypatch.setattr(bench, "l2_bytes", lambda: 60 * 2**20)
+    assert bench.copies_for(2**20, cold=False) == 1
+    assert bench.copies_for(2**20, cold=True) == 120
+    assert bench.copies_for(512 * 2**20, cold=True) == 1
