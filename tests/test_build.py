@@ -109,3 +109,18 @@ def test_copies_for_cold_and_warm(monkeypatch):
     assert bench.copies_for(2**20, cold=False) == 1
     assert bench.copies_for(2**20, cold=True) == 120
     assert bench.copies_for(512 * 2**20, cold=True) == 1
+
+
+def test_scaled_mm_points_come_from_quantizable_gemm_sites(tmp_path):
+    from oasr_ops.tune.build_scaled_mm import scaled_mm_works
+
+    c = _census(tmp_path / "c.json", {
+        SIG_A: {"points": [{"m": 16, "weight": 1.0, "calls": 2, "must_tune": True}]},
+        SIG_B: {"points": [{"m": 16, "weight": 2.0, "calls": 3}, {"m": 64, "weight": 1.0, "calls": 1}]},
+        "gemm|op=gemm|dt=half|N=512|K=200": {"points": [{"m": 16}]},  # K % 16 != 0: stays fp16
+    }, weight_bytes=1000)
+    works = scaled_mm_works([c])
+    assert sorted(works) == ["scaled_mm|op=scaled_mm|N=1024|K=256", "scaled_mm|op=scaled_mm|N=512|K=256"]
+    w = works["scaled_mm|op=scaled_mm|N=512|K=256"]
+    assert [(p.m, p.weight, p.calls, p.must_tune) for p in w.points] == [(16, 1.0, 2, True)]
+    assert w.weight_bytes == 500  # int8 weights are half the fp16 bytes

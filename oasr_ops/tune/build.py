@@ -302,7 +302,14 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else run_dir / f"{arch}-checkpoints",
     )
     opts.log.parent.mkdir(parents=True, exist_ok=True)
-    res = build(args.census, opts)
+    if args.family == "scaled_mm":
+        from .build_scaled_mm import build_scaled_mm
+
+        opts.log = opts.log.with_name(opts.log.stem + "-scaled_mm.jsonl")
+        opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + "-scaled_mm")
+        res = build_scaled_mm(args.census, opts)
+    else:
+        res = build(args.census, opts)
     print(json.dumps({"signatures": len(res.entries), "resumed": len(res.resumed),
                       "points_measured": res.points_measured, "arms_measured": res.arms_measured,
                       "measure_s": round(res.measure_s, 1), "wall_s": round(res.wall_s, 1),
@@ -314,7 +321,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="measure census points on this GPU and write tuning entries")
     p.add_argument("--census", action="append", required=True, help="census JSON (repeatable)")
     p.add_argument("--out", default="user", help="user | system | a directory")
-    p.add_argument("--family", default="gemm", choices=["gemm"])
+    p.add_argument("--family", default="gemm", choices=["gemm", "scaled_mm"])
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
     p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
     p.add_argument("--max-points", type=int, default=16)

@@ -48,8 +48,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,8 +378,10 @@ def run_census(tracer: ModelTracer, keys: list[Key], service_mode: str, info: di
     for key in keys:
         for site in tracer.sites(key.batch, key.frames):
             c.add(site, key.traffic, must=True)
+    # The served weight working set decides whether the build measures with cold or warm weights.
+    weight_bytes = sum(p.numel() * p.element_size() for p in tracer.model.parameters())
     c.info.update({"traces": len(tracer.traces), "trace_s": round(time.perf_counter() - t0, 3),
-                   "stayed_on_aten": dict(tracer.skipped)})
+                   "stayed_on_aten": dict(tracer.skipped), "weight_bytes": int(weight_bytes)})
     return c
 
 
@@ -430,6 +434,8 @@ def load_builder(spec: str) -> tuple[Callable[..., Any], Any]:
     mod_name, sep, fn_name = spec.partition(":")
     if not sep:
         raise ValueError(f"--model expects module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:  # `oasr tune census --model examples.conformer:...` from a checkout, as python -m
+        sys.path.insert(0, os.getcwd())
     mod = importlib.import_module(mod_name)
     return getattr(mod, fn_name), mod
 
