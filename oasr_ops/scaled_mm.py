@@ -63,6 +63,7 @@ from typing import Callable
 import torch
 
 from .configs import AUTO, SENTINELS, Config, ConfigError, parse
+from .library import Plan, parse_table, resolve_table
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
@@ -156,8 +157,6 @@ def check_config_arg(op: str, config: str) -> None:
     if config == AUTO or config in SENTINELS:
         return
     if config.startswith(_TABLE_PREFIX):
-        from .library import parse_table
-
         parse_table(config)
         return
     try:
@@ -577,15 +576,6 @@ def get_kernel(lane, config: Config, dtype: str, arch: str) -> SmmKernel:
 # ----------------------------------------------------------------------------------------------------------
 # CUDA
 
-@dataclass
-class Plan:
-    config: str
-    tier: str
-    signature: str
-    run: Callable[..., torch.Tensor] = field(repr=False)
-    calls: int = 0
-
-
 _plans: dict[tuple, Plan] = {}
 _plans_lock = threading.Lock()
 
@@ -657,8 +647,6 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
     sig = signature(op, n, k)
     tier = "explicit"
     if config.startswith(_TABLE_PREFIX):
-        from .library import resolve_table
-
         config, tier = resolve_table(config, m), "baked"
     if config == AUTO:
         sel = _select(op, n, k, m, arch)

@@ -14,10 +14,8 @@ gemm points map to scaled_mm points for every layer `quantize_` quantizes (K % 1
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from .build import BuildOptions, BuildResult, Point, SignatureWork, load_censuses, run_build

@@ -299,9 +299,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="config a DB selector answers where it has no entry/region (default: 'default', as the "
                         "runtime ends); 'none' counts such points as uncovered instead")
     p.add_argument("--plot", metavar="OUT.png", help="write a regret plot (needs matplotlib)")
+    p.add_argument("--arch", help="arch family whose lane default the `default` sentinel means (default: this GPU, "
+                                  "else sm90)")
+    p.add_argument("--default-config", help="config id the `default` sentinel means (overrides --arch)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.set_defaults(func=handler)
     return p
+
+
+def _native_default(arch: str | None) -> str | None:
+    from ..codegen.lanes import native_lane
+    from .arch import current_arch_family, normalize_arch
+
+    a = normalize_arch(arch) if arch else (current_arch_family() or "sm90")
+    lane = native_lane(a)
+    return lane.default.id if lane else None
+
+
+def _sentinel_as(fn: SelectorFn, sentinel: str, config: str) -> SelectorFn:
+    def wrapped(sig: str, m: int):
+        c = fn(sig, m)
+        return config if c == sentinel else c
+    return wrapped
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -325,6 +344,12 @@ def handler(args: argparse.Namespace) -> int:
     # The constant baselines are always scored; a --db named like one of them takes its place.
     for const in ("default", "torch"):
         selectors.setdefault(const, constant_selector(const))
+    # A build log names the default arm by its config id: score the `default` sentinel as that id (unless
+    # the log recorded an arm literally named `default`).
+    default_id = args.default_config or _native_default(args.arch)
+    if default_id and not any(r.get("config") == "default" for r in records):
+        selectors = {name: _sentinel_as(fn, "default", default_id) for name, fn in
+                     ((n, as_selector(sel, miss=miss)) for n, sel in selectors.items())}
     result = evaluate(records, selectors, miss=miss)
     if args.json:
         print(json.dumps({"points": result["points"],

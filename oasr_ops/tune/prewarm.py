@@ -154,21 +154,21 @@ def _candidates(arch: str, n: int, k: int, m: int) -> list[str]:
 
 
 def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, str, int], tuple[str, float]]:
-    """Time each point's candidates (the lane default, its coverage basis, torch) with CUDA events; winners.
-
-    Simple timing loop (warmup 3, 20 timed calls, median of 5 repeats); points in order, stopping when the
-    budget runs out. A candidate whose kernel cannot be built or run is skipped. The lead replaces this with
-    the shared bench protocol; the signature is the contract.
+    """Each point's winner among its candidates (the lane's feasible configs that are already compiled or in
+    the production set, and torch), measured with the shared protocol (bench.measure: CUDA graphs of N >= 8
+    calls, separator kernel subtracted, shuffled interleaved rounds, median); points in order until the
+    budget runs out. Every candidate passes the numeric gate first. Returns {(signature, dtype, m): (config, s)}.
     """
-    import statistics
-
     import torch
 
+    from . import bench
     from .arch import current_arch_family
+    from .stats import numeric_gate
 
     arch = current_arch_family()
     if not torch.cuda.is_available() or arch is None:
         return {}
+    bench.refuse_in_capture()
     deadline = time.monotonic() + budget_s
     dt_map = {"fp16": torch.float16, "bf16": torch.bfloat16}
     out: dict[tuple[str, str, int], tuple[str, float]] = {}
@@ -180,30 +180,24 @@ def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, 
         w = torch.randn(p.n, p.k, device="cuda", dtype=dtype) / p.k ** 0.5
         bias = torch.randn(p.n, device="cuda", dtype=dtype)
         act = "none" if p.op == "gemm" else "silu"
-        best: tuple[str, float] | None = None
+        ref = torch.nn.functional.linear(a.double(), w.double(), bias.double())
+        ref = torch.nn.functional.silu(ref) if act == "silu" else ref
+        cublas = torch.ops.oasr.gemm(a, w, bias, act, "torch")
+        arms = {}
         for cfg in _candidates(arch, p.n, p.k, p.m):
             if time.monotonic() > deadline:
                 break
             try:
-                for _ in range(3):
-                    torch.ops.oasr.gemm(a, w, bias, act, cfg)
-                torch.cuda.synchronize()
-                reps = []
-                for _ in range(5):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    for _ in range(20):
-                        torch.ops.oasr.gemm(a, w, bias, act, cfg)
-                    e.record()
-                    e.synchronize()
-                    reps.append(s.elapsed_time(e) / 20 / 1e3)
+                ok, _why = numeric_gate(torch.ops.oasr.gemm(a, w, bias, act, cfg), ref, cublas)
             except Exception:  # a config that cannot build/run here is not a candidate
                 continue
-            t = statistics.median(reps)
-            if best is None or t < best[1]:
-                best = (cfg, t)
-        if best is not None:
-            out[(p.signature, p.dtype, p.m)] = best
+            if ok:
+                arms[cfg] = [lambda c=cfg: torch.ops.oasr.gemm(a, w, bias, act, c)] * bench.MIN_CALLS
+        if not arms:
+            continue
+        res = bench.measure(arms, rounds=5)
+        cfg, r = min(res.items(), key=lambda kv: kv[1].estimate.median_s)
+        out[(p.signature, p.dtype, p.m)] = (cfg, r.estimate.median_s)
     return out
 
 
