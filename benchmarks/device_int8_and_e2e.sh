@@ -1,6 +1,7 @@
 # Device run: int8 scaled_mm GPU suite, its benchmark, the sm90 scaled_mm build, end-to-end Conformer M.
 # Usage (repo root, on the GPU machine): OUT=dir bash benchmarks/device_int8_and_e2e.sh
 source benchmarks/device_setup.sh
+timeout 60 python3 -m pytest -m gpu tests/test_gemm_gpu.py -q -p no:cacheprovider -k "_k2 or _k4 or b32x64x64 or capture or opcheck or split" 2>&1 | grep -E "passed|failed|never served|cases wrong|Error" | cut -c1-600 | tee $OUT/gemm_rest.log
 timeout 120 python3 -m pytest -m gpu tests/test_scaled_mm_gpu.py -q -x -p no:cacheprovider 2>&1 | tail -6 | tee $OUT/int8_tests.log
 timeout 90 python3 benchmarks/scaled_mm.py --out $OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7 2>&1 | tail -4
 rm -f db/sm90/scaled_mm.json

@@ -225,3 +225,16 @@ def test_thin_census_dicts_ties_and_limits():
         thin_census(pts, 1)
     with pytest.raises(ValueError):
         thin_census(pts + [{"m": 8, "weight": 1.0}], 3)
+
+
+def test_max_loss_keeps_a_losing_light_point_on_the_fallback():
+    from oasr_ops.tune.partition import partition_signature
+
+    # B wins big at the heavy point 64 but loses 30 % at the light point 16: the weighted gate alone would
+    # give [64: B]; max_loss puts 16 back on the fallback.
+    times = {16: {"torch": 1.0, "B": 1.3}, 64: {"torch": 10.0, "B": 5.0}}
+    weights = {16: 0.01, 64: 1.0}
+    loose = partition_signature(times, weights, fallback="torch")
+    assert loose.regions[0] == [64, "B"]
+    strict = partition_signature(times, weights, fallback="torch", max_loss=0.02)
+    assert strict.regions == [[16, "torch"], [64, "B"], [None, "torch"]]

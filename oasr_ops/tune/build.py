@@ -113,6 +113,7 @@ class BuildOptions:
     max_points: int = 16
     max_fill: int = 4
     min_speedup: float = 1.05
+    max_loss: float = 0.02  # no region config may be > 2 % slower than the fallback at any measured point
     rounds: int = 5
     log: Path | None = None
     checkpoint_dir: Path | None = None
@@ -212,7 +213,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     result.measure_s += time.monotonic() - t0
     if opts.progress:
         sys.stderr.write("\n")
-    part = partition_signature(times, weights, fallback="torch", min_speedup=opts.min_speedup,
+    part = partition_signature(times, weights, fallback="torch", min_speedup=opts.min_speedup, max_loss=opts.max_loss,
                                starred=[p.m for p in points if p.must_tune],
                                evidence_extra={p.m: {"_l2": "cold" if cold else "warm"} for p in points})
     del ws
@@ -287,6 +288,31 @@ def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
             log_fh.close()
 
 
+def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "torch") -> dict[str, dict[str, Any]]:
+    """Partition a finished build's measurement log again, without a GPU (a changed partition rule is scored
+    and applied offline). Uses each record's median (the objective), weight and fill flag."""
+    from collections import defaultdict
+
+    times: dict[str, dict[int, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
+    weights: dict[str, dict[int, float]] = defaultdict(dict)
+    l2: dict[str, str] = {}
+    with open(log_path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            times[r["signature"]][int(r["m"])][r["config"]] = (r["median_s"], r.get("sigma_s", 0.0), r.get("n", 1))
+            weights[r["signature"]][int(r["m"])] = float(r.get("weight", 1.0))
+            l2[r["signature"]] = r.get("l2", "cold")
+    out = {}
+    for sig in sorted(times):
+        part = partition_signature(dict(times[sig]), weights[sig], fallback=fallback, min_speedup=opts.min_speedup,
+                                   max_loss=opts.max_loss,
+                                   evidence_extra={m: {"_l2": l2[sig]} for m in times[sig]})
+        out[sig] = part.entry(source="aot")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 def _run(args: argparse.Namespace) -> int:
@@ -297,16 +323,34 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = cache_root() / "tune" / "v2" / "measurements"
     opts = BuildOptions(
         out=args.out, family=args.family, fresh=args.fresh, thin=args.thin, max_points=args.max_points,
-        max_fill=args.max_fill, min_speedup=args.min_speedup, rounds=args.rounds, arch=args.arch,
+        max_fill=args.max_fill, min_speedup=args.min_speedup, max_loss=args.max_loss, rounds=args.rounds,
+        arch=args.arch,
         log=Path(args.log) if args.log else run_dir / f"{arch}.jsonl",
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else run_dir / f"{arch}-checkpoints",
     )
     opts.log.parent.mkdir(parents=True, exist_ok=True)
+    if args.from_log:
+        from . import database
+        from .arch import require_arch
+        from ..codegen.lanes import native_lane
+
+        a = require_arch(args.arch)
+        lane = native_lane(a, args.family)
+        entries = entries_from_log(args.from_log, opts, fallback="heuristic" if args.family == "scaled_mm" else "torch")
+        database.publish(args.family, entries, tier=args.out, arch=a, lane=lane.name if lane else None,
+                         fresh=args.fresh)
+        print(json.dumps({"signatures": len(entries), "from_log": args.from_log}))
+        return 0
+    if not args.census:
+        print("oasr tune build: --census is required (or --from-log)", file=sys.stderr)
+        return 2
     if args.family == "scaled_mm":
         from .build_scaled_mm import build_scaled_mm
 
-        opts.log = opts.log.with_name(opts.log.stem + "-scaled_mm.jsonl")
-        opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + "-scaled_mm")
+        if not args.log:  # the int8 family keeps its own default log and checkpoints beside the gemm ones
+            opts.log = opts.log.with_name(opts.log.stem + "-scaled_mm.jsonl")
+        if not args.checkpoint_dir:
+            opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + "-scaled_mm")
         res = build_scaled_mm(args.census, opts)
     else:
         res = build(args.census, opts)
@@ -319,7 +363,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="measure census points on this GPU and write tuning entries")
-    p.add_argument("--census", action="append", required=True, help="census JSON (repeatable)")
+    p.add_argument("--census", action="append", default=[], help="census JSON (repeatable)")
+    p.add_argument("--from-log", help="partition a finished build's measurement log again (no GPU) and write it")
     p.add_argument("--out", default="user", help="user | system | a directory")
     p.add_argument("--family", default="gemm", choices=["gemm", "scaled_mm"])
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
@@ -327,6 +372,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-points", type=int, default=16)
     p.add_argument("--max-fill", type=int, default=4, help="ladder fill points per signature")
     p.add_argument("--min-speedup", type=float, default=1.05)
+    p.add_argument("--max-loss", type=float, default=0.02,
+                   help="a region config may lose to the fallback by at most this fraction at any point")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--arch", help="arch family (default: this GPU)")
     p.add_argument("--log", help="measurement log JSONL (default ~/.cache/oasr/tune/v2/measurements/<arch>.jsonl)")

@@ -109,6 +109,7 @@ def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: 
         sys.stderr.write("\n")
     result.measure_s += time.monotonic() - t0
     part = partition_signature(times, weights, fallback="heuristic", min_speedup=opts.min_speedup,
+                               max_loss=opts.max_loss,
                                starred=[p.m for p in points if p.must_tune],
                                evidence_extra={p.m: {"_l2": "cold" if cold else "warm"} for p in points})
     del ws

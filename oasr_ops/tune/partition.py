@@ -341,9 +341,14 @@ def partition_signature(
     catch_all: str | None = "fallback",
     starred: Collection[int] = (),
     evidence_extra: Mapping[int, Mapping[str, Any]] | None = None,
+    max_loss: float | None = None,
 ) -> Partition:
     """Steps 1-6 for one signature. The table should be cross-evaluated already (``cross_eval_requests`` empty);
     if not, a config is simply not eligible for a region containing a point it was not measured at.
+
+    ``max_loss``: when given, a config may not serve a region containing a point where it is slower than the
+    fallback by more than this fraction (the weighted gate alone lets a heavy point carry a losing light one);
+    the fallback joins the DP's candidates so every point stays servable.
 
     ``fallback`` must be measured at least at one point (ValueError otherwise: the gate would silently hand the
     whole axis to an arm nobody timed). ``starred``: points whose note gets a ``*`` after M (the builder marks
@@ -361,7 +366,13 @@ def partition_signature(
         raise ValueError(f"fallback arm {fallback!r} was measured at no point")
     tops = top_k(times, k)
     cover = set_cover(times, weights, tol=tol, k=k)
-    segs = segment(times, weights, cover, region_penalty=region_penalty)
+    if max_loss is None:
+        segs = segment(times, weights, cover, region_penalty=region_penalty)
+    else:
+        guarded = {m: {c: v for c, v in est[m].items()
+                       if c == fallback or fallback not in med[m] or med[m][c] <= (1 + max_loss) * med[m][fallback]}
+                   for m in est}
+        segs = segment(guarded, weights, list(dict.fromkeys([*cover, fallback])), region_penalty=region_penalty)
     segs = apply_gate(segs, times, weights, fallback, min_speedup)
     regions = to_regions(segs, catch_all=catch_all, fallback=fallback)
 
