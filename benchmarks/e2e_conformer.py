@@ -70,7 +70,10 @@ def main() -> int:
             fn = m
             t0 = time.perf_counter()
         else:
-            fn = torch.compile(m, backend=backend, mode="reduce-overhead")
+            # The entry point registers "oasr" for an installed package; from a bare checkout pass the callable.
+            from oasr_ops.inductor.backend import oasr_backend
+
+            fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend, mode="reduce-overhead")
             t0 = time.perf_counter()
         with torch.no_grad():
             out = fn(x)

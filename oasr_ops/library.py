@@ -216,7 +216,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
         lane = lane_of(cfg, arch)
     except ConfigError as e:
         raise ValueError(f"oasr.gemm: config {cfg.id} cannot run on {arch}: {e}") from None
-    reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
+    reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch, dtype=dtype_name)
     if reason:
         _warn_once(("infeasible", sig, cfg.id), f"oasr.gemm: {cfg.id} cannot serve {sig} M={m} ({reason}); "
                    "using torch for it")

@@ -65,3 +65,11 @@ def test_feasibility_rules():
     assert sm80.infeasible_reason(big, arch_family="sm80") is None
     assert sm80.smem_needed(big) == 3 * (256 * 32 + 128 * 32) * 2
     assert sm80.infeasible_reason(parse("t64x64x64_c1x1_pp")) is not None  # another lane's config
+
+
+def test_bf16_limits_serial_split_k():
+    sm80 = get_lane("sm80_f16_mma")
+    k4, k2 = parse("b64x64x64_w32x32x64_s3_k4"), parse("b64x64x64_w32x32x64_s3_k2")
+    assert "bf16" in sm80.infeasible_reason(k4, k=1024, dtype="bf16")
+    assert sm80.infeasible_reason(k4, k=1024, dtype="fp16") is None
+    assert sm80.infeasible_reason(k2, k=1024, dtype="bf16") is None

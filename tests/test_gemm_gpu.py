@@ -7,6 +7,7 @@ relative error against an fp32 torch reference < 1e-2. `OASR_TEST_CONFIGS=id,id`
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def _poison(shape, dtype):
 
 @pytest.mark.parametrize("lane_name,config_id", _configs())
 def test_config_correct(lane_name, config_id):
-    torch.manual_seed(hash(config_id) % 2**31)
+    torch.manual_seed(zlib.crc32(config_id.encode()))  # str hash() is salted per process: not reproducible
     failures = []
     checked = 0
     for dtype in (torch.float16, torch.bfloat16):

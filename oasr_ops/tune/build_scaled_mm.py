@@ -51,10 +51,13 @@ def scaled_mm_works(census_paths: list[str]) -> dict[str, SignatureWork]:
 
 def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: BuildOptions, arch: str,
                                 log_fh, result: BuildResult) -> dict[str, Any]:
+    import importlib
+
     import torch
 
-    from .. import scaled_mm as smm
     from . import bench
+
+    smm = importlib.import_module("oasr_ops.scaled_mm")  # `oasr_ops.scaled_mm` the attribute is the op wrapper
 
     kv = dict(p.split("=", 1) for p in work.signature.split("|")[1:])
     op, n, k = kv["op"], int(kv["N"]), int(kv["K"])
