@@ -5,7 +5,7 @@ timeout 60 python3 -m pytest -m gpu tests/test_gemm_gpu.py -q -p no:cacheprovide
 timeout 120 python3 -m pytest -m gpu tests/test_scaled_mm_gpu.py -q -x -p no:cacheprovider 2>&1 | tail -6 | tee $OUT/int8_tests.log
 timeout 90 python3 benchmarks/scaled_mm.py --out $OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7 2>&1 | tail -4
 rm -f db/sm90/scaled_mm.json
-( time timeout 110 python3 -m oasr_ops tune build --family scaled_mm $(for f in db/census/*.json; do echo --census $f; done) \
+( time timeout 110 python3 -m oasr_ops tune build --family scaled_mm $(for f in benchmarks/census/*.json; do echo --census $f; done) \
     --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log $OUT/smm_log.jsonl \
     --checkpoint-dir /tmp/ckpt_smm > $OUT/smm_build.json ) 2>&1 | grep -v "points$" | tail -8
 cp db/sm90/scaled_mm.json $OUT/scaled_mm_db.json

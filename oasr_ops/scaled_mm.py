@@ -255,18 +255,22 @@ _SM_COUNT = {"sm80": 108, "sm86": 84, "sm87": 16, "sm89": 128, "sm90": 132}
 # 1): a shallow-K tile finishes quickly, so fewer, larger tiles pay less in prologue/epilogue than a fuller wave of
 # small ones; a deep-K tile's idle SMs cost in proportion to K. The last rung (min_fill 0) always serves.
 # Tiles with more than 64 rows are skipped for M <= 64 (half of their MMA work would be padding).
-# NOT FITTED: the numbers are a starting point; benchmarks/fit_int8_ladder.py measures every tile over the
-# anchor shapes on the H200 and grid-searches the fills and _K_FULL (it prints the regret of each ladder).
+# FITTED on the H200 (2026-11-29) from the scaled_mm build's measurements (benchmarks/int8_ladder_points.json:
+# all nine tiles at 126 census points of Conformer S/M/L + Whisper base): `python benchmarks/fit_int8_ladder.py
+# --load benchmarks/int8_ladder_points.json`. Geomean regret vs the best data-parallel tile: 5.4 % (the first,
+# unfitted rule) -> 3.1 % in-sample; fitted on the d=256/1024 signatures only it scores 3.2 % on the held-out
+# d=512 ones (the unfitted rule: 4.3 %). The spec's bar (1 %) is not reached by a rule of this form; measured
+# entries close the rest (docs/perf/scaled_mm.md).
 _INT8_LADDER: dict[str, tuple[tuple[str, float], ...]] = {
     "sm90_int8_wgmma": (
-        ("t128x256x128_c1x1_coop", 1.0),
+        ("t128x256x128_c1x1_coop", 3.0),
         ("t128x128x128_c2x1_pp", 1.0),
         ("t64x256x128_c1x1_pp", 1.0),
-        ("t128x64x128_c1x1_coop", 0.75),
+        ("t128x64x128_c1x1_coop", 2.0),
         ("t64x128x128_c1x1_pp", 0.5),
         ("t64x64x128_c1x1_pp", 0.0),
     ),
-    "sm80_int8_mma": (
+    "sm80_int8_mma": (  # not fitted: no sm80 GPU was measured
         ("b128x256x64_w64x64x64_s3", 1.0),
         ("b128x128x64_w64x64x64_s3", 1.0),
         ("b128x64x64_w64x32x64_s4", 0.75),
@@ -275,8 +279,8 @@ _INT8_LADDER: dict[str, tuple[tuple[str, float], ...]] = {
         ("b32x64x128_w32x32x128_s4", 0.0),
     ),
 }
-_K_FULL = 1024
-_K_MIN_WEIGHT = 0.25
+_K_FULL = 512
+_K_MIN_WEIGHT = 0.0625
 _SMALL_M = 64
 
 

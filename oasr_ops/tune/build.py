@@ -304,6 +304,18 @@ def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "
             times[r["signature"]][int(r["m"])][r["config"]] = (r["median_s"], r.get("sigma_s", 0.0), r.get("n", 1))
             weights[r["signature"]][int(r["m"])] = float(r.get("weight", 1.0))
             l2[r["signature"]] = r.get("l2", "cold")
+    if fallback == "heuristic":
+        # The pseudo-arm is whatever tile the *current* heuristic picks, timed by its own record at that point:
+        # a refitted heuristic is partitioned against its own choices, not the ones the log was measured with.
+        import importlib
+
+        smm = importlib.import_module("oasr_ops.scaled_mm")
+        for sig, rows in times.items():
+            kv = dict(p.split("=", 1) for p in sig.split("|")[1:])
+            for m, row in rows.items():
+                tile = smm.heuristic_config(m, int(kv["N"]), int(kv["K"]), opts.arch or "sm90")
+                if tile in row:
+                    row["heuristic"] = row[tile]
     out = {}
     for sig in sorted(times):
         part = partition_signature(dict(times[sig]), weights[sig], fallback=fallback, min_speedup=opts.min_speedup,

@@ -255,8 +255,8 @@ def format_table(result: Mapping[str, Any]) -> str:
 
 
 def plot(result: Mapping[str, Any], path: str) -> bool:
-    """Sorted per-point regret curves per selector, written to ``path``. Returns False (and says why on stderr)
-    when matplotlib is not installed; True when written."""
+    """Regret vs M, one panel per signature, one line per selector (log-M axis), written to ``path``. Returns
+    False (and says why on stderr) when matplotlib is not installed; True when written."""
     try:
         import matplotlib
 
@@ -266,20 +266,29 @@ def plot(result: Mapping[str, Any], path: str) -> bool:
         print(f"plot skipped: matplotlib is not installed (pip install matplotlib); {path} not written",
               file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, s in result["selectors"].items():
-        xs = sorted(p.regret for p in s.points if p.regret is not None)
-        if not xs:
-            continue
-        ax.plot([100.0 * (i + 1) / len(xs) for i in range(len(xs))], [100.0 * x for x in xs],
-                label=f"{name} (geomean {_pct(s.geomean)})")
-    ax.set_xlabel("points (%), sorted by regret")
-    ax.set_ylabel("regret vs measured oracle (%)")
-    ax.set_yscale("symlog", linthresh=1.0)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    sigs = sorted({p.signature for s in result["selectors"].values() for p in s.points})
+    if not sigs:
+        print(f"plot skipped: no measured points; {path} not written", file=sys.stderr)
+        return False
+    cols = min(3, len(sigs))
+    rows = -(-len(sigs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False)
+    for ax, sig in zip(axes.flat, sigs):
+        for name, s in result["selectors"].items():
+            pts = sorted((p.m, p.regret) for p in s.points if p.signature == sig and p.regret is not None)
+            if pts:
+                ax.plot([m for m, _ in pts], [100.0 * r for _, r in pts], marker=".", label=name)
+        ax.set_title(sig.replace("gemm|", "").replace("scaled_mm|", ""), fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(sigs):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("regret vs oracle (%)")
+    axes[-1][0].set_xlabel("M")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 
