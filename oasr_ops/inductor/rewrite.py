@@ -388,10 +388,51 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
                 m_hint = None
         res.sites.append(GemmSite(sig, "gemm", op, dt, cand.n, cand.k, m_int, m_expr, m_hint, activation,
                                   cand.bias is not None, config, tier, new.name))
+    _scaled_mm_sites(graph, res, bake, arch)
     if log:
         with _LOG_LOCK:
             _LOG.append(res)
     return res
+
+
+def _scaled_mm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch: str | None) -> None:
+    """A quantized model (`quantize_`) already calls `oasr.scaled_mm[_quant]`: record those sites (the census
+    sees them) and, when baking, replace their `config="auto"` by the selection (static M) or the region table
+    (symbolic M), exactly as for gemm."""
+    import importlib
+
+    smm = importlib.import_module("oasr_ops.scaled_mm")
+    ops = {torch.ops.oasr.scaled_mm.default: "scaled_mm", torch.ops.oasr.scaled_mm_quant.default: "scaled_mm_quant"}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        op = ops[node.target]
+        a, w = node.args[0], node.args[1]
+        aval = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        wval = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+        if aval is None or wval is None or wval.dim() != 2:
+            res.skipped.append((node.name, "scaled_mm operand without a known shape"))
+            continue
+        n, k = int(wval.shape[0]), int(wval.shape[1])
+        m = aval.numel() // k
+        m_int = _static_int(m)
+        config, tier = node.args[6], ""
+        if bake and config == "auto":
+            if m_int is not None:
+                sel = (smm.select_quant_config if op == "scaled_mm_quant" else smm.select_config)(n, k, m_int, arch)
+                config, tier = sel.config, sel.tier
+            else:
+                config, tier, _sig = _bake("scaled_mm", op, "int8", n, k, None, arch)
+            node.args = (*node.args[:6], config)
+        m_expr, m_hint = None, m_int
+        if m_int is None and isinstance(m, torch.SymInt):
+            m_expr = m.node.expr
+            try:
+                m_hint = int(m.node.hint) if m.node.hint is not None else None
+            except Exception:
+                m_hint = None
+        res.sites.append(GemmSite(smm.signature(op, n, k), "scaled_mm", op, "int8", n, k, m_int, m_expr, m_hint,
+                                  "none", node.args[4] is not None, config, tier, node.name))
 
 
 # ------------------------------------------------------------------------------------------------ the pass

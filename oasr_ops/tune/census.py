@@ -502,6 +502,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="module:function building the model, e.g. "
                    "examples.conformer:build_model")
     p.add_argument("--model-args", nargs="*", default=[], metavar="K=V", help="builder arguments (strings)")
+    p.add_argument("--quantization", choices=["int8_w8a8"], default=None,
+                   help="quantize the full-precision model online (oasr_ops.quantize_) before tracing: the census "
+                        "then reports its scaled_mm sites (a model already quantized needs no flag)")
     p.add_argument("--service-mode", choices=("offline", "streaming"), required=True)
     p.add_argument("--max-batch-size", type=int, required=True)
     p.add_argument("--manifest", help="offline: JSON lines with a 'duration' (s) per utterance")
@@ -529,6 +532,10 @@ def main(args: argparse.Namespace) -> int:
     builder, mod = load_builder(args.model)
     model_args = _parse_model_args(args.model_args)
     model = build_for_census(builder, model_args)
+    if args.quantization:  # a full-precision model quantized online, as the deployment will run it
+        from ..quantize import quantize_
+
+        model = quantize_(model, args.quantization)
     info = dict(getattr(mod, "census_info", {}) or {})
     for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
         if v is not None:
@@ -547,6 +554,7 @@ def main(args: argparse.Namespace) -> int:
     for cap in args.capture:
         merge_capture(c, cap)
     c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
+                   "quantization": args.quantization,
                    "manifest": args.manifest, "captures": list(args.capture)})
     doc = c.to_json()
     Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")

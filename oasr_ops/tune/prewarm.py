@@ -13,8 +13,9 @@
    be reset while Dynamo is compiling). On a CPU nothing is measured and the report says so.
 4. strict: any point still uncovered raises `UncoveredPointsError` naming them.
 
-`measure_points` is the seam the shared bench protocol (oasr_ops.tune.bench) replaces: it takes the points and a
-budget and returns ``{(signature, dtype, m): (config, seconds)}``; nothing else here knows how timing works.
+`measure_points` times with the shared bench protocol (oasr_ops.tune.bench): it takes the points (gemm and
+scaled_mm) and a budget and returns ``{(signature, dtype, m): (config, seconds)}``; one budget covers both
+families; nothing else here knows how timing works.
 """
 from __future__ import annotations
 
@@ -175,6 +176,11 @@ def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, 
     for p in points:
         if time.monotonic() > deadline:
             break
+        if p.family == "scaled_mm":
+            win = _measure_scaled_mm_point(p, arch)
+            if win is not None:
+                out[(p.signature, p.dtype, p.m)] = win
+            continue
         dtype = dt_map.get(p.dtype, torch.float16)
         a = torch.randn(p.m, p.k, device="cuda", dtype=dtype)
         w = torch.randn(p.n, p.k, device="cuda", dtype=dtype) / p.k ** 0.5
@@ -201,6 +207,44 @@ def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, 
     return out
 
 
+def _measure_scaled_mm_point(p: Point, arch: str) -> tuple[str, float] | None:
+    """The int8 point's winner among every eligible tile and the heuristic's (same bench protocol); every tile
+    computes the same bits, so the gate is bitwise equality with the heuristic's output. Stream-K is eligible
+    here because this is a measured entry (the quantizing op never gets one)."""
+    import importlib
+
+    import torch
+
+    from . import bench
+
+    smm = importlib.import_module("oasr_ops.scaled_mm")
+    quant = p.op == "scaled_mm_quant"
+    a = torch.randint(-127, 128, (p.m, p.k), device="cuda", dtype=torch.int8)
+    w = torch.randint(-127, 128, (p.n, p.k), device="cuda", dtype=torch.int8)
+    sa = torch.rand(p.m, device="cuda") * 0.01 + 0.001
+    sw = torch.rand(p.n, device="cuda") * 0.01 + 0.001
+    out_scale = torch.tensor([0.05], device="cuda")
+
+    def call(cfg):
+        if quant:
+            return torch.ops.oasr.scaled_mm_quant(a, w, sa, sw, None, out_scale, cfg)
+        return torch.ops.oasr.scaled_mm(a, w, sa, sw, None, torch.float16, cfg)
+
+    ref = call("heuristic")
+    arms = {}
+    for cfg in smm.variants_for(p.n, p.k, quant, arch):
+        try:
+            ok = torch.equal(call(cfg), ref)
+        except Exception:  # a tile that cannot build/run here is not a candidate
+            continue
+        if ok:
+            arms[cfg] = [lambda c=cfg: call(c)] * bench.MIN_CALLS
+    arms["heuristic"] = [lambda: call("heuristic")] * bench.MIN_CALLS
+    res = bench.measure(arms, rounds=5)
+    cfg, r = min(res.items(), key=lambda kv: kv[1].estimate.median_s)
+    return cfg, r.estimate.median_s
+
+
 def publish_winners(measured: dict[tuple[str, str, int], tuple[str, float]]) -> list[str]:
     """User-tier entries without a catch-all (autotune-style), merged point-wise into what is there."""
     from . import database
@@ -210,15 +254,14 @@ def publish_winners(measured: dict[tuple[str, str, int], tuple[str, float]]) -> 
         cur = by_sig.setdefault(sig, {}).get(m)
         if cur is None or t < cur[1]:
             by_sig[sig][m] = (cfg, t)
-    entries = {}
+    entries: dict[str, dict[str, dict]] = {}
     for sig, pts in by_sig.items():
-        entries[sig] = {"regions": [[m, cfg] for m, (cfg, _t) in sorted(pts.items())],
-                        "source": "prewarm",
-                        "notes": [f"M={m}: {cfg} {t * 1e6:.1f} us (prewarm timing loop)"
-                                  for m, (cfg, t) in sorted(pts.items())]}
-    if not entries:
-        return []
-    return [str(database.publish("gemm", entries, tier="user", merge_regions=True))]
+        family = sig.split("|", 1)[0]
+        entries.setdefault(family, {})[sig] = {
+            "regions": [[m, cfg] for m, (cfg, _t) in sorted(pts.items())],
+            "source": "prewarm",
+            "notes": [f"M={m}: {cfg} {t * 1e6:.1f} us (prewarm, bench protocol)" for m, (cfg, t) in sorted(pts.items())]}
+    return [str(database.publish(family, ents, tier="user", merge_regions=True)) for family, ents in entries.items()]
 
 
 # ---------------------------------------------------------------------------------------------------- driver

@@ -1,0 +1,93 @@
+"""Quantized models through the graph path: the pass bakes scaled_mm configs like gemm ones, the census of a
+quantized (or online-quantized) model reports scaled_mm sites, strict prewarm raises on an uncovered int8 point."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import oasr_ops
+from oasr_ops import paths
+from oasr_ops.inductor import rewrite
+from oasr_ops.inductor.backend import oasr_backend
+from oasr_ops.tune import database
+
+SIG = "scaled_mm|op=scaled_mm|N=128|K=64"
+TILE = "t64x128x128_c1x1_pp"
+
+
+@pytest.fixture
+def db_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))
+    monkeypatch.setenv("OASR_ARCH", "sm90")
+    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "system")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    oasr_ops.reload_tuning()
+    rewrite.clear_rewrite_log()
+    yield tmp_path
+    monkeypatch.undo()
+    oasr_ops.reload_tuning()
+
+
+class Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 64, bias=False)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _quantized():
+    torch.manual_seed(0)
+    m = Two().to(torch.bfloat16).eval()
+    return m, oasr_ops.quantize_(copy.deepcopy(m), "int8_w8a8")
+
+
+def test_pass_bakes_scaled_mm_configs(db_env):
+    database.publish("scaled_mm", {SIG: {"regions": [[64, TILE], [None, "heuristic"]]}}, tier="user", arch="sm90",
+                     lane="sm90_int8_wgmma")
+    oasr_ops.reload_tuning()
+    ref, q = _quantized()
+    x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = q(x)
+        got = torch.compile(q, backend=oasr_backend)(x)
+    assert torch.equal(got, want)  # every config computes the same bits, the CPU reference too
+    sites = {s.signature: s for s in rewrite.rewrite_log()[-1].sites if s.family == "scaled_mm"}
+    assert sites[SIG].m == 20 and sites[SIG].config == TILE and sites[SIG].tier == "user"
+    other = sites["scaled_mm|op=scaled_mm|N=64|K=128"]
+    assert other.tier == "heuristic" and other.config != "auto"
+
+
+def test_census_quantization_flag_reports_scaled_mm_sites(tmp_path):
+    from oasr_ops import cli
+
+    man = tmp_path / "m.jsonl"
+    man.write_text("".join(json.dumps({"duration": d}) + "\n" for d in (2.0, 3.3)))
+    out = tmp_path / "q.json"
+    assert cli.main(["tune", "census", "--model", "examples.conformer:build_model", "--model-args", "size=S",
+                     "num_layers=1", "--service-mode", "offline", "--max-batch-size", "2", "--manifest", str(man),
+                     "--max-keys", "4", "--quantization", "int8_w8a8", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["quantization"] == "int8_w8a8"
+    sigs = set(doc["signatures"])
+    assert "scaled_mm|op=scaled_mm|N=1024|K=256" in sigs  # FFN-1 of Conformer S, quantized
+    assert not any(s.startswith("gemm|") for s in sigs)  # every Linear of it qualifies
+
+
+def test_strict_prewarm_raises_on_uncovered_int8_point(db_env):
+    _ref, q = _quantized()
+    x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
+    with pytest.raises(oasr_ops.UncoveredPointsError, match="scaled_mm"):
+        oasr_ops.prewarm(q, (x,), oasr_ops.TuningConfig(strict=True))
+    database.publish("scaled_mm", {SIG: {"regions": [[None, "heuristic"]]},  # measured: covered
+                                   "scaled_mm|op=scaled_mm|N=64|K=128": {"regions": [[None, "heuristic"]]}},
+                     tier="user", arch="sm90", lane="sm90_int8_wgmma")
+    oasr_ops.reload_tuning()
+    rep = oasr_ops.prewarm(q, (x,), oasr_ops.TuningConfig(strict=True))
+    assert not rep.uncovered and len(rep.covered) == len(rep.points) >= 2
