@@ -45,13 +45,8 @@ def _tensor(dtype: L.DataType, layout: L.LayoutType, align: int) -> L.TensorDesc
     return L.TensorDescription(dtype, layout, align)
 
 
-def emit_sm90(cfg: Config, dtype: str, epilogue_type: str) -> EmittedKernel:
-    """A CUTLASS 3.x TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
-    el = DTYPES[dtype]
-    math = L.MathInstruction([64, cfg.tile[1], 16], el, el, L.DataType.f32, L.OpcodeClass.TensorOp,
-                             L.MathOperation.multiply_add)
-    tile = L.TileDescription(list(cfg.tile), cfg.stages, list(cfg.warp_count), math, 90, 90,
-                             cluster_shape=list(cfg.cluster))
+def sm90_schedules(cfg: Config):
+    """(kernel schedule, epilogue schedule, tile scheduler) of a 3.x config, as cutlass_library enums."""
     kernel_sched = {
         "cooperative": L.KernelScheduleType.TmaWarpSpecializedCooperative,
         "streamk": L.KernelScheduleType.TmaWarpSpecializedCooperative,
@@ -62,6 +57,17 @@ def emit_sm90(cfg: Config, dtype: str, epilogue_type: str) -> EmittedKernel:
         "tma": L.EpilogueScheduleType.TmaWarpSpecialized,
     }[cfg.epilogue_schedule]
     scheduler = L.TileSchedulerType.StreamK if cfg.kernel_schedule == "streamk" else L.TileSchedulerType.Persistent
+    return kernel_sched, epi_sched, scheduler
+
+
+def emit_sm90(cfg: Config, dtype: str, epilogue_type: str) -> EmittedKernel:
+    """A CUTLASS 3.x TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
+    el = DTYPES[dtype]
+    math = L.MathInstruction([64, cfg.tile[1], 16], el, el, L.DataType.f32, L.OpcodeClass.TensorOp,
+                             L.MathOperation.multiply_add)
+    tile = L.TileDescription(list(cfg.tile), cfg.stages, list(cfg.warp_count), math, 90, 90,
+                             cluster_shape=list(cfg.cluster))
+    kernel_sched, epi_sched, scheduler = sm90_schedules(cfg)
     epilogue = NamedEpilogue(epilogue_type)
     op = GemmOperation(
         L.GemmKind.Universal3x, 90, tile,

@@ -19,7 +19,7 @@ from cutlass_library import library as L
 from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
 
 from ..configs import Config
-from .emit import EmittedKernel, NamedEpilogue
+from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
 
 OUT_DTYPES = ("fp16", "bf16", "int8")
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
@@ -48,16 +48,7 @@ def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
                              L.OpcodeClass.TensorOp, L.MathOperation.multiply_add)
     tile = L.TileDescription(list(cfg.tile), cfg.stages, list(cfg.warp_count), math, 90, 90,
                              cluster_shape=list(cfg.cluster))
-    kernel_sched = {
-        "cooperative": L.KernelScheduleType.TmaWarpSpecializedCooperative,
-        "streamk": L.KernelScheduleType.TmaWarpSpecializedCooperative,
-        "pingpong": L.KernelScheduleType.TmaWarpSpecializedPingpong,
-    }[cfg.kernel_schedule]
-    epi_sched = {
-        "tma_cooperative": L.EpilogueScheduleType.TmaWarpSpecializedCooperative,
-        "tma": L.EpilogueScheduleType.TmaWarpSpecialized,
-    }[cfg.epilogue_schedule]
-    scheduler = L.TileSchedulerType.StreamK if cfg.kernel_schedule == "streamk" else L.TileSchedulerType.Persistent
+    kernel_sched, epi_sched, scheduler = sm90_schedules(cfg)
     d = _D_TYPE[out_dtype]
     return GemmOperation(
         L.GemmKind.Universal3x, 90, tile,

@@ -19,7 +19,6 @@ The set is nine tiles, tile K = 128 (two 64-byte K-slabs per stage, the int8 ana
 from __future__ import annotations
 
 from ...configs import parse
-from .base import Lane  # noqa: F401  (re-exported type of LANE's base)
 from .sm80_int8_mma import Int8Lane
 
 _IDS = (
