@@ -26,6 +26,18 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale.contiguous()
 
 
+def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                     out_dtype: torch.dtype, config: str = "auto") -> torch.Tensor:
+    """`F.linear` of an int8 W8A8 layer: per-token activation quantization, then `oasr::scaled_mm`. Shared by
+    `QuantLinear` and the backend's `options={"quantization": ...}` rewrite, so both run the same ops."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
+    q, scale_a = torch.ops.oasr.quantize_per_token(x2)
+    y = torch.ops.oasr.scaled_mm(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
+    y = y.reshape(*lead, weight_q.shape[0])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
 def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
 
@@ -53,12 +65,7 @@ class QuantLinear(nn.Module):
         return cls(wq, sw, linear.bias, out_dtype, config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()
-        q, scale_a = torch.ops.oasr.quantize_per_token(x2)
-        y = torch.ops.oasr.scaled_mm(q, self.weight_q, scale_a, self.scale_w, self.bias, self.out_dtype, self.config)
-        y = y.reshape(*lead, self.out_features)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+        return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

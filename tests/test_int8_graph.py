@@ -91,3 +91,17 @@ def test_strict_prewarm_raises_on_uncovered_int8_point(db_env):
     oasr_ops.reload_tuning()
     rep = oasr_ops.prewarm(q, (x,), oasr_ops.TuningConfig(strict=True))
     assert not rep.uncovered and len(rep.covered) == len(rep.points) >= 2
+
+
+def test_backend_quantization_option_matches_quantize_(db_env):
+    ref, q = _quantized()
+    x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = q(x)  # quantize_ then eager: the same per-channel weights, per-token activations
+        got = torch.compile(ref, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+    assert torch.equal(got, want)
+    sites = [s for s in rewrite.rewrite_log()[-1].sites if s.family == "scaled_mm"]
+    assert {s.signature for s in sites} == {SIG, "scaled_mm|op=scaled_mm|N=64|K=128"}
+    assert all(s.config != "auto" for s in sites)
+    with pytest.raises(Exception, match="quantization"):
+        torch.compile(Two().to(torch.bfloat16), backend=oasr_backend, options={"quantization": "int4"})(x)

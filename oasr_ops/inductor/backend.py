@@ -48,6 +48,11 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
 
     opts = dict(options or {})
     opts.update(kwargs)
+    quantization = opts.pop("quantization", None)
+    if quantization:
+        from .quantize_pass import quantize_graph
+
+        quantize_graph(gm, example_inputs, quantization)
     tuning = opts.pop("tuning", None)
     if tuning is not None:
         from ..tuning import TuningConfig
