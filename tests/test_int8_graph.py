@@ -99,7 +99,9 @@ def test_backend_quantization_option_matches_quantize_(db_env):
     with torch.no_grad():
         want = q(x)  # quantize_ then eager: the same per-channel weights, per-token activations
         got = torch.compile(ref, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
-    assert torch.equal(got, want)
+    # the same ops as quantize_ + eager; compiled code may round the activation quantization's inputs
+    # differently, so compare at int8 accuracy (bitwise on this CPU build, not a contract)
+    assert ((got.float() - want.float()).abs().max() / want.float().abs().max()).item() < 2e-2
     sites = [s for s in rewrite.rewrite_log()[-1].sites if s.family == "scaled_mm"]
     assert {s.signature for s in sites} == {SIG, "scaled_mm|op=scaled_mm|N=64|K=128"}
     assert all(s.config != "auto" for s in sites)
