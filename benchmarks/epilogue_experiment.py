@@ -1,7 +1,10 @@
 """Diagnosis: the fp16 sm90 default config with three epilogues vs torch.mm (bench protocol, cold weights).
 
-v1 = the shipped epilogue (runtime activation switch per element), v2 = the switch hoisted per fragment,
-v3 = CUTLASS's stock LinearCombination (no bias/activation) — the kernel's own speed of light.
+v1 = the then-shipped epilogue (runtime activation switch per element), v2 = the switch hoisted per fragment
+(shipped since; v1 now *is* v2), v3 = CUTLASS's stock LinearCombination (no bias/activation) — the kernel's
+own speed of light. v2/v3 were one-off `.so` builds in `.jitx/` of the rendered default-config source with the
+functor (v2) or the fusion and its arguments (v3) swapped by hand; results: docs/perf/gemm.md. Kept as the
+record of that measurement, not as a reusable benchmark.
 """
 import math
 import sys

@@ -441,11 +441,17 @@ _SOURCES = (Path(__file__),)
 
 
 def _source_hash() -> str:
+    import importlib
+
     from ..library import __file__ as lib_file
     from ..tune import select
 
+    # Everything that decides what the pass bakes: gemm and scaled_mm selection (the int8 heuristic lives in
+    # scaled_mm.py) and the in-graph quantization rewrite.
+    smm = importlib.import_module("oasr_ops.scaled_mm")
+    qpass = importlib.import_module("oasr_ops.inductor.quantize_pass")
     h = hashlib.sha256()
-    for p in (*_SOURCES, Path(lib_file), Path(select.__file__)):
+    for p in (*_SOURCES, Path(lib_file), Path(select.__file__), Path(smm.__file__), Path(qpass.__file__)):
         try:
             h.update(p.read_bytes())
         except OSError:
