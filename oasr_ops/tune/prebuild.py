@@ -1,7 +1,9 @@
 """`oasr tune prebuild`: compile kernels for `OASR_CUDA_ARCH_LIST` without a GPU.
 
-Default set: the production compile set of every lane that runs on the target arch (DB references + lane
-default + coverage basis); `--all` the whole space; `--configs ID ...` exactly those.
+Default set: the production compile set of every gemm lane that runs on the target arch (DB references + lane
+default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every heuristic rung; fp16/bf16
+output kernels and, for data-parallel tiles, the quantizing variant); `--all` the whole spaces; `--configs ID ...`
+exactly those gemm configs. `--family gemm|scaled_mm` narrows to one family.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from ..configs import ConfigError, parse
 from .arch import normalize_arch
 
 
-def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
+def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[str, ...],
+               family: str | None = None) -> list[JitSpec]:
     specs: list[JitSpec] = []
     lanes = lanes_for(arch)
     if not lanes:
@@ -28,11 +31,30 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
                 raise SystemExit(f"oasr tune prebuild: {cid} is in no lane that runs on {arch}")
             specs += specs_for(lane, [cfg], dtypes, arch)
         return specs
-    for lane in lanes:
-        chosen = list(lane.space) if all_ else production_configs(lane, arch)
-        specs += specs_for(lane, chosen, dtypes, arch)
+    if family in (None, "gemm"):
+        for lane in lanes:
+            chosen = list(lane.space) if all_ else production_configs(lane, arch)
+            specs += specs_for(lane, chosen, dtypes, arch)
+    if family in (None, "scaled_mm"):
+        specs += _scaled_mm_specs(arch, all_, dtypes)
     # The heaviest (3.x) compiles first so the pool's tail is short ones.
     return sorted(specs, key=lambda s: -s.est_memory)
+
+
+def _scaled_mm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
+    import importlib
+
+    from ..codegen.lanes import native_lane
+
+    smm = importlib.import_module("oasr_ops.scaled_mm")
+    lane = native_lane(arch, "scaled_mm")
+    if lane is None:
+        return []
+    chosen = list(lane.space) if all_ else smm.production_configs(arch)
+    specs = [JitSpec.for_kernel(lane, c, dt, arch) for c in chosen for dt in dtypes]
+    # the quantizing launcher (int8 output) exists for data-parallel tiles only
+    specs += [JitSpec.for_kernel(lane, c, "int8", arch) for c in chosen if c.kernel_schedule != "streamk"]
+    return specs
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -47,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     specs: list[JitSpec] = []
     try:
         for a in archs:
-            specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes)
+            specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes, args.family)
     except (ConfigError, ValueError) as e:
         print(f"oasr tune prebuild: {e}", file=sys.stderr)
         return 2
@@ -64,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--all", action="store_true", help="the whole config space of every lane")
     p.add_argument("--arch", help="override OASR_CUDA_ARCH_LIST (e.g. 9.0a)")
     p.add_argument("--dtypes", help="comma list of fp16,bf16 (default both)")
+    p.add_argument("--family", choices=["gemm", "scaled_mm"], help="one kernel family only (default: both)")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (capped by free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
