@@ -207,7 +207,7 @@ def _torch_plan(activation: str, fused: bool) -> Callable[..., torch.Tensor]:
 
 
 def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, k: int,
-                 has_bias: bool, arch: str, sig: str) -> Callable[..., torch.Tensor] | None:
+                 arch: str, sig: str) -> Callable[..., torch.Tensor] | None:
     """A launcher for `cfg`, or None (with one warning) when it cannot serve this call."""
     from .codegen.gemm_kernels import get_kernel, lane_of
     from .codegen.jit import BuildError, LoadError
@@ -255,8 +255,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
     return run_kernel
 
 
-def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int,
-               has_bias: bool, device: torch.device) -> Plan:
+def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int) -> Plan:
     from .tune.arch import current_arch_family
 
     dtype_name = SUPPORTED_DTYPES[dtype]
@@ -276,7 +275,7 @@ def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int,
     if config in ("torch", "fused", "heuristic"):
         return Plan(config, tier, sig, _torch_plan(activation, config == "fused"))
     cfg = parse(config)
-    run = _kernel_plan(cfg, dtype_name, activation, m, n, k, has_bias, arch, sig)
+    run = _kernel_plan(cfg, dtype_name, activation, m, n, k, arch, sig)
     if run is None:
         return Plan("torch", tier, sig, _torch_plan(activation, False))
     return Plan(cfg.id, tier, sig, run)
@@ -291,7 +290,7 @@ def get_plan(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activa
         with _plans_lock:
             plan = _plans.get(key)
             if plan is None:
-                plan = _make_plan(config, a.dtype, activation, m, n, k, bias is not None, a.device)
+                plan = _make_plan(config, a.dtype, activation, m, n, k)
                 _plans[key] = plan
     return plan
 
@@ -309,7 +308,11 @@ def _gemm_cuda(a, w, bias, activation, config):
         _check(a, w, bias, activation)
         _check_layout(a, w, bias)
     n, k = w.shape
-    m = a.numel() // k if k else 0
+    if k == 0:  # an empty reduction: zeros (+ bias, activation), which no kernel is needed for
+        _check(a, w, bias, activation)
+        check_config_arg(config)
+        return _activate(F.linear(a, w, bias), activation)
+    m = a.numel() // k
     plan = _plans.get((config, a.dtype, activation, m, n, k, bias is not None, a.device, _db_epoch()))
     if plan is None:  # first call of this key: the full checks, then a plan
         _check(a, w, bias, activation)

@@ -120,8 +120,9 @@ def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None
         raise ValueError(f"oasr.{op}: K mismatch: a is {tuple(a.shape)}, w is {tuple(w.shape)} (w is [N, K])")
     if a.device != w.device:
         raise ValueError(f"oasr.{op}: a is on {a.device}, w on {w.device}")
-    if k % K_ALIGN:
-        raise ValueError(f"oasr.{op}: K={k} is not a multiple of {K_ALIGN} (int8 operands are read 16 at a time)")
+    if k % K_ALIGN or k == 0:
+        raise ValueError(f"oasr.{op}: K={k} is not a positive multiple of {K_ALIGN} (int8 operands are read 16 at "
+                         "a time)")
     if n % N_ALIGN[op]:
         raise ValueError(f"oasr.{op}: N={n} is not a multiple of {N_ALIGN[op]} (output rows are written "
                          "128 bits at a time)")

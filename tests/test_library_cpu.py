@@ -85,3 +85,11 @@ def test_region_tables_round_up():
     assert resolve_table(t, 100000) == "torch"
     open_ended = format_table([(64, "t64x64x64_c1x1_pp")])
     assert resolve_table(open_ended, 65) == "auto"  # above the largest measured M: next tier decides
+
+
+def test_k_zero_is_bias_then_activation():
+    a = torch.empty(5, 0, dtype=torch.bfloat16)
+    w = torch.empty(8, 0, dtype=torch.bfloat16)
+    b = torch.randn(8).to(torch.bfloat16)
+    out = torch.ops.oasr.gemm(a, w, b, "relu", "auto")
+    assert torch.equal(out, torch.relu(b).expand(5, 8))
