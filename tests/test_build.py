@@ -124,3 +124,17 @@ def test_scaled_mm_points_come_from_quantizable_gemm_sites(tmp_path):
     w = works["scaled_mm|op=scaled_mm|N=512|K=256"]
     assert [(p.m, p.weight, p.calls, p.must_tune) for p in w.points] == [(16, 1.0, 2, True)]
     assert w.weight_bytes == 500  # int8 weights are half the fp16 bytes
+
+
+def test_entries_from_log_repartitions_and_returns_the_measurement_stamp(tmp_path):
+    from oasr_ops.tune.build import entries_from_log
+
+    stamp = {"impl": "i", "sku": "NVIDIA H200", "nvcc": "n", "cutlass": "c"}
+    recs = [{"signature": SIG_A, "m": m, "config": c, "median_s": t, "sigma_s": 0.0, "n": 3, "weight": 1.0,
+             "l2": "cold", "validators": stamp}
+            for m, row in ((16, {"torch": 1.0, "B": 1.3}), (64, {"torch": 10.0, "B": 5.0})) for c, t in row.items()]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    entries, got = entries_from_log(log, BuildOptions(arch="sm90"))
+    assert got == stamp
+    assert entries[SIG_A]["regions"] == [[16, "torch"], [64, "B"], [None, "torch"]]  # the max_loss guard

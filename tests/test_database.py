@@ -458,3 +458,23 @@ def test_diff_cli(env, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("[1,")
     assert _cli(["diff", str(a), str(bad)]) == 2
+
+
+def test_impl_hash_follows_the_rendered_kernels(monkeypatch):
+    from oasr_ops.codegen import render as render_mod
+
+    val.impl_hash.cache_clear()
+    a = val.impl_hash("sm80_f16_mma")
+    assert a == val.impl_hash("sm80_f16_mma") != val.impl_hash("sm90_f16_wgmma")
+    real = render_mod.render
+    monkeypatch.setattr(render_mod, "render", lambda lane, c, dt: real(lane, c, dt) + "// changed\n")
+    val.impl_hash.cache_clear()
+    assert val.impl_hash("sm80_f16_mma") != a  # any change to a kernel's source (templates, includes) counts
+    monkeypatch.undo()
+    val.impl_hash.cache_clear()
+
+
+def test_publish_with_an_explicit_stamp(env):
+    stamp = {"impl": "x", "sku": "NVIDIA H200", "nvcc": "n", "cutlass": "c"}
+    p = db.publish("gemm", {SIG: {"regions": [[None, A]]}}, tier="user", arch="sm90", stamp=stamp)
+    assert json.loads(p.read_text())["validators"] == stamp

@@ -151,6 +151,9 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     from . import bench
     from .stats import numeric_gate
 
+    from .validators import current_soft_validators
+
+    stamp = current_soft_validators(lane.name)  # what these measurements depend on, for --from-log
     op, _dt, n, k = parse_gemm_signature(work.signature)
     act = "silu" if op == "gemm_activation" else "none"
     dtype = torch.float16
@@ -198,7 +201,8 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
             row[cid] = (obj, e.sigma_s, e.n)
             rec = {"signature": work.signature, "m": p.m, "config": cid, "median_s": obj, "gpu_s": e.median_s,
                    "sigma_s": e.sigma_s, "n": e.n, "weight": p.weight, "fill": p.fill,
-                   "eager_fraction": p.eager_fraction, "l2": "cold" if cold else "warm", **env.as_dict()}
+                   "eager_fraction": p.eager_fraction, "l2": "cold" if cold else "warm", **env.as_dict(),
+                   "validators": stamp}
             if log_fh is not None:
                 log_fh.write(json.dumps(rec) + "\n")
         times[p.m] = row
@@ -288,19 +292,23 @@ def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
             log_fh.close()
 
 
-def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "torch") -> dict[str, dict[str, Any]]:
+def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "torch"
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Partition a finished build's measurement log again, without a GPU (a changed partition rule is scored
-    and applied offline). Uses each record's median (the objective), weight and fill flag."""
+    and applied offline). Uses each record's median (the objective), weight and fill flag. Returns the entries
+    and the soft validators the log's measurements were taken under (None when the log does not say)."""
     from collections import defaultdict
 
     times: dict[str, dict[int, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
     weights: dict[str, dict[int, float]] = defaultdict(dict)
     l2: dict[str, str] = {}
+    stamp: dict[str, Any] | None = None
     with open(log_path) as f:
         for line in f:
             if not line.strip():
                 continue
             r = json.loads(line)
+            stamp = r.get("validators", stamp)
             times[r["signature"]][int(r["m"])][r["config"]] = (r["median_s"], r.get("sigma_s", 0.0), r.get("n", 1))
             weights[r["signature"]][int(r["m"])] = float(r.get("weight", 1.0))
             l2[r["signature"]] = r.get("l2", "cold")
@@ -322,7 +330,7 @@ def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "
                                    max_loss=opts.max_loss,
                                    evidence_extra={m: {"_l2": l2[sig]} for m in times[sig]})
         out[sig] = part.entry(source="aot")
-    return out
+    return out, stamp
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -348,10 +356,16 @@ def _run(args: argparse.Namespace) -> int:
 
         a = require_arch(args.arch)
         lane = native_lane(a, args.family)
-        entries = entries_from_log(args.from_log, opts, fallback="heuristic" if args.family == "scaled_mm" else "torch")
+        entries, stamp = entries_from_log(args.from_log, opts,
+                                          fallback="heuristic" if args.family == "scaled_mm" else "torch")
+        if args.stamp_from:  # a log written before logs carried validators: take the GPU-written file's stamp
+            stamp = json.loads(Path(args.stamp_from).read_text())["validators"]
+        if stamp is None:
+            print("oasr tune build: the log records no validators; stamping with this machine's (pass "
+                  "--stamp-from a DB file written by the measuring run)", file=sys.stderr)
         database.publish(args.family, entries, tier=args.out, arch=a, lane=lane.name if lane else None,
-                         fresh=args.fresh)
-        print(json.dumps({"signatures": len(entries), "from_log": args.from_log}))
+                         fresh=args.fresh, stamp=stamp)
+        print(json.dumps({"signatures": len(entries), "from_log": args.from_log, "stamp": stamp}))
         return 0
     if not args.census:
         print("oasr tune build: --census is required (or --from-log)", file=sys.stderr)
@@ -377,6 +391,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="measure census points on this GPU and write tuning entries")
     p.add_argument("--census", action="append", default=[], help="census JSON (repeatable)")
     p.add_argument("--from-log", help="partition a finished build's measurement log again (no GPU) and write it")
+    p.add_argument("--stamp-from", help="with --from-log: stamp the file with this DB file's validators (the "
+                                        "measuring run's), for logs that do not record them")
     p.add_argument("--out", default="user", help="user | system | a directory")
     p.add_argument("--family", default="gemm", choices=["gemm", "scaled_mm"])
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")

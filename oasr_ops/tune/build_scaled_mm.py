@@ -63,6 +63,9 @@ def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: 
     op, n, k = kv["op"], int(kv["N"]), int(kv["K"])
     quant = op == "scaled_mm_quant"
     variants = smm.variants_for(n, k, quant, arch)
+    from .validators import current_soft_validators
+
+    stamp = current_soft_validators(smm._lane_for(arch).name)  # what these measurements depend on
     cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True
     copies = bench.copies_for(n * k, cold=cold, cap=256)
     ws = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(copies)]
@@ -100,7 +103,8 @@ def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: 
                 log_fh.write(json.dumps({"signature": work.signature, "m": p.m, "config": cfg,
                                          "median_s": e.median_s, "sigma_s": e.sigma_s, "n": e.n,
                                          "weight": p.weight, "fill": p.fill, "heuristic_tile": heur,
-                                         "l2": "cold" if cold else "warm", **env.as_dict()}) + "\n")
+                                         "l2": "cold" if cold else "warm", **env.as_dict(),
+                                         "validators": stamp}) + "\n")
         times[p.m] = row
         weights[p.m] = p.weight
         result.points_measured += 1

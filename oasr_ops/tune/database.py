@@ -918,12 +918,15 @@ def _atomic_write(path: Path, doc: dict[str, Any]) -> None:
 def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str | os.PathLike = "user",
             arch: str | None = None, fresh: bool = False, lane: str | None = None,
             configs: Mapping[str, Any] | None = None, merge_regions: bool = False,
-            model: dict[str, Any] | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> Path:
+            model: dict[str, Any] | None = None, lock_timeout: float = LOCK_TIMEOUT_S,
+            stamp: Mapping[str, Any] | None = None) -> Path:
     """Write `entries` (signature -> entry in the file's format) into a tier's file; returns its path.
 
     Under the file's lock: re-read, keep every entry this writer does not write, replace (or, with
     `merge_regions`, merge point-wise into) the ones it does, re-stamp, write atomically. `fresh` replaces the
     whole file. Does not reload: call `reload()` to serve the new content in this process.
+    `stamp`: the soft validators the entries were measured under, when that was not this process (an offline
+    re-partition of a GPU build's log); default: this process's.
     """
     from filelock import FileLock, Timeout
 
@@ -945,7 +948,7 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
         if not same:
             raise ValueError(f"configs[{cid!r}] parameters disagree with the id")
     _validate_new_entries(family, entries, lobj, configs)
-    stamp = _val.current_soft_validators(lane_name)
+    stamp = dict(stamp) if stamp is not None else _val.current_soft_validators(lane_name)
     path = db_path(family, a, tier)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path) + ".lock", timeout=lock_timeout)

@@ -5,8 +5,8 @@ arch family and MMA lane. A mismatch makes the file unusable (the database skips
 
 Soft validators (`current_soft_validators`) describe the toolchain the entries were measured under:
 
-* ``impl``    sha256 over the lane's template text, the source of ``oasr_ops/codegen/*.py`` and the lane's module
-              (missing files are hashed as absent, so a partial checkout still gets a stable value);
+* ``impl``    sha256 over the rendered source of every kernel of the lane (`impl_hash`): what the kernels compute,
+              independent of how the Python that renders them is organised;
 * ``sku``     the GPU name (`oasr_ops.tune.arch.gpu_sku`), None on a CPU machine;
 * ``nvcc``    the nvcc release string, None when nvcc is absent;
 * ``cutlass`` the installed ``nvidia-cutlass`` version, None when not installed.
@@ -30,7 +30,6 @@ SCHEMA_VERSION = 2
 SOFT_KEYS: tuple[str, ...] = ("impl", "sku", "nvcc", "cutlass")
 HARD_KEYS: tuple[str, ...] = ("schema", "kernel_family", "arch_family", "lane")
 
-_CODEGEN_DIR = Path(__file__).resolve().parent.parent / "codegen"
 
 
 def hard_validators(family: str, arch_family: str, lane: str | None) -> dict[str, Any]:
@@ -47,35 +46,31 @@ def _read_bytes(p: Path) -> bytes:
 
 @functools.lru_cache(maxsize=None)
 def impl_hash(lane_name: str | None) -> str:
-    """sha256 of everything that decides what a lane's kernels compute and how they are built."""
-    h = hashlib.sha256()
-    files: list[Path] = []
-    lane_module: Path | None = None
-    template: str | None = None
-    if lane_name:
-        try:
-            from ..codegen.lanes import get_lane
-
-            template = get_lane(lane_name).template
-        except Exception:  # an unknown lane still hashes its (absent) module name
-            template = None
-        lane_module = _CODEGEN_DIR / "lanes" / f"{lane_name}.py"
-    if template:
-        files.append(paths.templates_dir() / template)
+    """sha256 of what a lane's kernels compute: the rendered translation unit of every kernel of its space
+    (fp16 output; templates with their includes, the emitted CUTLASS types, the launcher). A Python refactor that
+    renders the same bytes keeps the stamp; any change to a kernel's source changes it. Falls back to hashing
+    the template files when rendering is not possible here (e.g. cutlass_library missing). Never raises."""
+    h = hashlib.sha256(f"lane={lane_name}\n".encode())
+    if not lane_name:
+        return h.hexdigest()
     try:
-        files.extend(sorted(_CODEGEN_DIR.glob("*.py")))
-    except OSError:
-        pass
-    if lane_module is not None:
-        files.append(lane_module)
-    h.update(f"lane={lane_name}\n".encode())
-    for f in files:
-        # The name (relative to the package) goes in too, so moving code between files changes the hash.
-        h.update(f"--{f.name}--\n".encode())
-        h.update(_read_bytes(f))
-    return h.hexdigest()
+        from ..codegen.lanes import get_lane
+        from ..codegen.render import render
 
-
+        lane = get_lane(lane_name)
+        for key in sorted({c.kernel_key().id for c in lane.space}):
+            h.update(f"--{key}--\n".encode())
+            h.update(render(lane, next(c for c in lane.space if c.kernel_key().id == key), "fp16").encode())
+        return h.hexdigest()
+    except Exception:  # no renderer here: the templates are the next best description of the kernels
+        h.update(b"templates-only\n")
+        try:
+            for f in sorted(paths.templates_dir().glob("*.j2")):
+                h.update(f"--{f.name}--\n".encode())
+                h.update(_read_bytes(f))
+        except OSError:
+            pass
+        return h.hexdigest()
 
 
 def nvcc_version() -> str | None:
