@@ -163,8 +163,34 @@ class Plan:
     calls: int = 0
 
 
-_plans: dict[tuple, Plan] = {}
-_plans_lock = threading.Lock()
+class PlanCache:
+    """Plans by key, shared by every op family. `plans` is the dict an op's hot path reads directly (one lookup
+    per call); `get_or_make` builds a missing plan once under a lock."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple, Plan] = {}
+        self._lock = threading.Lock()
+
+    def get_or_make(self, key: tuple, make: Callable[[], Plan]) -> Plan:
+        plan = self.plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self.plans.get(key)
+                if plan is None:
+                    plan = make()
+                    self.plans[key] = plan
+        return plan
+
+    def served(self) -> list[Plan]:
+        return [p for p in self.plans.values() if p.calls]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.plans.clear()  # the same dict: the ops' aliases stay valid
+
+
+_PLANS = PlanCache()
+_plans = _PLANS.plans
 _warned: set[tuple] = set()
 
 
@@ -177,16 +203,14 @@ def _warn_once(key: tuple, msg: str) -> None:
 _db_epoch = _database.epoch
 
 
-def signature(dtype_name: str, activation: str, n: int, k: int) -> str:
-    op = "gemm" if activation == "none" else "gemm_activation"
-    return f"gemm|op={op}|dt=half|N={n}|K={k}"
+def _op(activation: str) -> str:
+    return "gemm" if activation == "none" else "gemm_activation"
 
 
 def _select(dtype_name: str, activation: str, n: int, k: int, m: int) -> tuple[str, str]:
     from .tune.select import select_config
 
-    op = "gemm" if activation == "none" else "gemm_activation"
-    sel = select_config("gemm", op, dtype_name, n, k, m)
+    sel = select_config("gemm", _op(activation), dtype_name, n, k, m)
     return sel.config, sel.tier
 
 
@@ -259,7 +283,7 @@ def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int,
     from .tune.arch import current_arch_family
 
     dtype_name = SUPPORTED_DTYPES[dtype]
-    sig = signature(dtype_name, activation, n, k)
+    sig = _database.signature("gemm", _op(activation), "half", n, k)
     arch = current_arch_family() or "sm80"
     tier = "explicit"
     if config.startswith(_TABLE_PREFIX):
@@ -285,14 +309,7 @@ def get_plan(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activa
     n, k = w.shape
     m = a.numel() // k if k else 0
     key = (config, a.dtype, activation, m, n, k, bias is not None, a.device, _db_epoch())
-    plan = _plans.get(key)
-    if plan is None:
-        with _plans_lock:
-            plan = _plans.get(key)
-            if plan is None:
-                plan = _make_plan(config, a.dtype, activation, m, n, k)
-                _plans[key] = plan
-    return plan
+    return _PLANS.get_or_make(key, lambda: _make_plan(config, a.dtype, activation, m, n, k))
 
 
 def _fast_ok(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -308,7 +325,7 @@ def _gemm_cuda(a, w, bias, activation, config):
         _check(a, w, bias, activation)
         _check_layout(a, w, bias)
     n, k = w.shape
-    if k == 0:  # an empty reduction: zeros (+ bias, activation), which no kernel is needed for
+    if k == 0 or n == 0:  # an empty reduction (zeros + bias, activation) or output: no kernel needed
         _check(a, w, bias, activation)
         check_config_arg(config)
         return _activate(F.linear(a, w, bias), activation)
@@ -331,11 +348,10 @@ torch.library.register_fake("oasr::gemm", _gemm_fake, lib=_lib)
 
 def served() -> list[Plan]:
     """Every plan this process has run, with its call count (what `print which config served` reads)."""
-    return [p for p in _plans.values() if p.calls]
+    return _PLANS.served()
 
 
 def reset_plans() -> None:
     """Forget resolved plans (the DB epoch already keys them; this is for tests and `reload_tuning()`)."""
-    with _plans_lock:
-        _plans.clear()
+    _PLANS.clear()
     resolve_table.cache_clear()

@@ -53,8 +53,7 @@ def import_cutlass_library():
     saved = sys.argv
     sys.argv = saved[:1]
     try:
-        import cutlass_library
-        from cutlass_library import gemm_operation, library  # noqa: F401
+        import cutlass_library  # its __init__ imports gemm_operation, library and the generator
     finally:
         sys.argv = saved
     return cutlass_library

@@ -63,7 +63,8 @@ from typing import Callable
 import torch
 
 from .configs import AUTO, SENTINELS, Config, ConfigError, parse
-from .library import Plan, parse_table, resolve_table
+from .codegen.jit import KernelCache
+from .library import Plan, PlanCache, parse_table, resolve_table
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
@@ -378,7 +379,9 @@ def _current_arch(arch: str | None) -> str | None:
 
 
 def signature(op: str, n: int, k: int) -> str:
-    return f"{FAMILY}|op={op}|N={n}|K={k}"
+    from .tune import database
+
+    return database.signature(FAMILY, op, None, n, k)
 
 
 def production_configs(arch: str) -> list[Config]:
@@ -527,9 +530,7 @@ class SmmKernel:
     workspace_size: Callable = field(repr=False)
 
 
-_KLOCK = threading.Lock()
-_KERNELS: dict[tuple, SmmKernel] = {}
-_KFAILED: dict[tuple, str] = {}
+_KERNELS = KernelCache()
 
 
 def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
@@ -538,51 +539,43 @@ def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
 
 def get_kernel(lane, config: Config, dtype: str, arch: str) -> SmmKernel:
     """Build (JIT, first use) and load one scaled_mm kernel. Raises BuildError / LoadError (remembered)."""
-    from .codegen.emit_int8 import SMM_ABI_VERSION
-    from .codegen.jit import BuildError, JitSpec, LoadError
+    from .codegen.jit import JitSpec
 
-    key = (lane.name, config.id, dtype, arch)
-    k = _KERNELS.get(key)
-    if k is not None:
-        return k
-    with _KLOCK:
-        if key in _KERNELS:
-            return _KERNELS[key]
-        if key in _KFAILED:
-            raise BuildError(_KFAILED[key])
-        spec = JitSpec.for_kernel(lane, config, dtype, arch)
-        try:
-            generic = spec.load()  # builds if needed; checks the shared launcher ABI
-            cdll = ctypes.CDLL(str(generic.path))
-            try:
-                version = cdll.oasr_smm_abi_version()
-                if version != SMM_ABI_VERSION:
-                    raise LoadError(f"{generic.path} has scaled_mm launcher ABI {version}, expected {SMM_ABI_VERSION}")
-                p, i = ctypes.c_void_p, ctypes.c_int
-                run = cdll.oasr_smm_run
-                run.argtypes = [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p]
-                run.restype = i
-                can = cdll.oasr_smm_can_implement
-                can.argtypes = [i, i, i]
-                can.restype = i
-                ws = cdll.oasr_smm_workspace_size
-                ws.argtypes = [i, i, i]
-                ws.restype = ctypes.c_size_t
-            except AttributeError as e:
-                raise LoadError(f"{generic.path} does not export the scaled_mm C ABI: {e}") from None
-        except (BuildError, LoadError) as e:
-            _KFAILED[key] = str(e)
-            raise
-        k = SmmKernel(generic.path, generic.describe, run, can, ws)
-        _KERNELS[key] = k
-        return k
+    return _KERNELS.get((lane.name, config.id, dtype, arch),
+                        lambda: _load_smm(JitSpec.for_kernel(lane, config, dtype, arch)))
+
+
+def _load_smm(spec) -> SmmKernel:
+    """The scaled_mm launcher (oasr_smm_*) of a built kernel, on top of the shared build/load."""
+    from .codegen.emit_int8 import SMM_ABI_VERSION
+    from .codegen.jit import LoadError
+
+    generic = spec.load()  # builds if needed; checks the shared launcher ABI
+    cdll = ctypes.CDLL(str(generic.path))
+    try:
+        version = cdll.oasr_smm_abi_version()
+        if version != SMM_ABI_VERSION:
+            raise LoadError(f"{generic.path} has scaled_mm launcher ABI {version}, expected {SMM_ABI_VERSION}")
+        p, i = ctypes.c_void_p, ctypes.c_int
+        run = cdll.oasr_smm_run
+        run.argtypes = [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p]
+        run.restype = i
+        can = cdll.oasr_smm_can_implement
+        can.argtypes = [i, i, i]
+        can.restype = i
+        ws = cdll.oasr_smm_workspace_size
+        ws.argtypes = [i, i, i]
+        ws.restype = ctypes.c_size_t
+    except AttributeError as e:
+        raise LoadError(f"{generic.path} does not export the scaled_mm C ABI: {e}") from None
+    return SmmKernel(generic.path, generic.describe, run, can, ws)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # CUDA
 
-_plans: dict[tuple, Plan] = {}
-_plans_lock = threading.Lock()
+_PLANS = PlanCache()
+_plans = _PLANS.plans
 
 
 def _torch_run(op: str, out_dtype):
@@ -640,7 +633,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
                    None if bias is None else bias.data_ptr(),
                    None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1),
                    out.data_ptr(), m, n, k, None if ws is None else ws.data_ptr(), ws_bytes,
-                   torch.cuda.current_stream(a.device).cuda_stream)
+                   torch._C._cuda_getCurrentRawStream(a.get_device()))
         if rc != 0:
             raise RuntimeError(f"oasr.{op}: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out
@@ -674,14 +667,7 @@ def get_plan(op: str, a, w, bias, config: str, out_dtype=None, vec_flags=()) -> 
     n, k = w.shape
     m = _rows(a, k)
     key = (op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch())
-    plan = _plans.get(key)
-    if plan is None:
-        with _plans_lock:
-            plan = _plans.get(key)
-            if plan is None:
-                plan = _make_plan(op, config, out_dtype, m, n, k)
-                _plans[key] = plan
-    return plan
+    return _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
 
 
 def _scaled_mm_cuda(a, w, scale_a, scale_w, bias, out_dtype, config):
@@ -723,13 +709,8 @@ torch.library.register_fake("oasr::scaled_mm", _scaled_mm_fake, lib=_lib)
 torch.library.register_fake("oasr::scaled_mm_quant", _scaled_mm_quant_fake, lib=_lib)
 
 
-def served() -> list[Plan]:
-    return [p for p in _plans.values() if p.calls]
-
-
-def reset_plans() -> None:
-    with _plans_lock:
-        _plans.clear()
+served = _PLANS.served
+reset_plans = _PLANS.clear
 
 
 # The heuristic is applied here, not registered with `tune.select.register_fallback`: the selector answers the

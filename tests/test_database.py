@@ -9,11 +9,9 @@ import argparse
 import json
 import os
 import warnings
-from types import SimpleNamespace
 
 import pytest
 
-from oasr_ops import paths
 from oasr_ops.configs import parse
 from oasr_ops.tune import arch as arch_mod
 from oasr_ops.tune import database as db
@@ -29,17 +27,8 @@ SIG2 = "gemm|op=gemm|dt=half|N=1024|K=256"
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    user, system = tmp_path / "user", tmp_path / "system"
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(user))
-    monkeypatch.setenv("OASR_ARCH", "sm90")
-    for v in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setattr(paths, "system_db_dir", lambda: system)
-    db.reload()
-    yield SimpleNamespace(user=user, system=system)
-    monkeypatch.undo()
-    db.reload()
+def env(tuning_env):
+    return tuning_env
 
 
 def write_db(root, family, entries, *, arch="sm90", lane=LANE, validators=None, configs=None, **extra):

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from oasr_ops import paths
 from oasr_ops.codegen.lanes import get_lane
 from oasr_ops.configs import SENTINELS, parse
 from oasr_ops.tune import database as db
@@ -47,19 +46,10 @@ def base_doc() -> dict:
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    user, system = tmp_path / "user", tmp_path / "system"
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(user))
-    monkeypatch.setenv("OASR_ARCH", "sm90")
-    for v in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setattr(paths, "system_db_dir", lambda: system)
-    path = user / "sm90" / "gemm.json"
+def env(tuning_env):
+    path = tuning_env.user / "sm90" / "gemm.json"
     path.parent.mkdir(parents=True)
-    db.reload()
-    yield SimpleNamespace(path=path, system=system)
-    monkeypatch.undo()
-    db.reload()
+    return SimpleNamespace(path=path, system=tuning_env.system)
 
 
 # ------------------------------------------------------------------------------------------- mutations

@@ -4,11 +4,9 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from types import SimpleNamespace
 
 import pytest
 
-from oasr_ops import paths
 from oasr_ops.codegen.lanes import native_lane
 from oasr_ops.tune import database as db
 from oasr_ops.tune import select as sel
@@ -22,21 +20,12 @@ A8, B8 = "t64x64x128_c1x1_pp", "t128x128x128_c1x1_coop"  # sm90_int8_wgmma tiles
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    user, system = tmp_path / "user", tmp_path / "system"
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(user))
-    monkeypatch.setenv("OASR_ARCH", "sm90")
-    for v in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setattr(paths, "system_db_dir", lambda: system)
-    db.reload()
+def env(tuning_env):
     sel.reset_counts()
-    yield SimpleNamespace(user=user, system=system)
+    yield tuning_env
     for fam in ("gemm", "scaled_mm"):
         sel.register_cost_model(fam, None)
         sel.register_fallback(fam, None)
-    monkeypatch.undo()
-    db.reload()
 
 
 def write_db(root, family, entries, *, arch="sm90", lane=LANE):

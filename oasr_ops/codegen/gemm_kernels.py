@@ -6,11 +6,10 @@ small coverage basis; `OASR_GEMM_COMPILE_SET=all` compiles the whole space.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 
 from ..configs import Config, ConfigError, parse
-from .jit import BuildError, JitSpec, KernelLibrary, LoadError
+from .jit import JitSpec, KernelCache, KernelLibrary
 from .lanes import LANES, Lane, native_lane
 
 DTYPES = ("fp16", "bf16")
@@ -71,28 +70,11 @@ def specs_for(lane: Lane, configs: list[Config], dtypes: tuple[str, ...] = DTYPE
     return list(seen.values())
 
 
-_lock = threading.Lock()
-_kernels: dict[tuple[str, str, str, str], KernelLibrary] = {}
-_failed: dict[tuple[str, str, str, str], str] = {}
+_kernels = KernelCache()
 
 
 def get_kernel(lane: Lane, config: Config, dtype: str, arch_family: str) -> KernelLibrary:
     """Load (building on first use, JIT) the kernel for `config`. Raises BuildError / LoadError; a failure is
     remembered so a process does not retry a failing build on every call."""
-    key = (lane.name, config.kernel_key().id, dtype, arch_family)
-    lib = _kernels.get(key)
-    if lib is not None:
-        return lib
-    with _lock:
-        if key in _kernels:
-            return _kernels[key]
-        if key in _failed:
-            raise BuildError(_failed[key])
-        spec = JitSpec.for_kernel(lane, config, dtype, arch_family)
-        try:
-            lib = spec.load()
-        except (BuildError, LoadError) as e:
-            _failed[key] = str(e)
-            raise
-        _kernels[key] = lib
-        return lib
+    return _kernels.get((lane.name, config.kernel_key().id, dtype, arch_family),
+                        lambda: JitSpec.for_kernel(lane, config, dtype, arch_family).load())

@@ -245,6 +245,33 @@ def _load(path: Path) -> KernelLibrary:
         return lib
 
 
+class KernelCache:
+    """Loaded kernels by key, for the ops' plans. `get(key, load)` calls `load()` once per key; a BuildError or
+    LoadError is remembered and raised again, so a process does not retry a failing build on every call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ok: dict = {}
+        self._failed: dict = {}
+
+    def get(self, key, load):
+        lib = self._ok.get(key)
+        if lib is not None:
+            return lib
+        with self._lock:
+            if key in self._ok:
+                return self._ok[key]
+            if key in self._failed:
+                raise BuildError(self._failed[key])
+            try:
+                lib = load()
+            except (BuildError, LoadError) as e:
+                self._failed[key] = str(e)
+                raise
+            self._ok[key] = lib
+            return lib
+
+
 @dataclass
 class BuildReport:
     built: list[str] = field(default_factory=list)

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import functools
 
-import jinja2
-
 from ..configs import Config
 from ..paths import templates_dir
-from . import emit
 from .lanes import Lane
 
 # Bumped when the C launcher's signature changes; the loader refuses a library with another version.
@@ -21,7 +18,9 @@ _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 
 
 @functools.lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def _env():
+    import jinja2  # on the first render, not with the package
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -40,6 +39,8 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
     if config.kernel_key() not in {c.kernel_key() for c in lane.space}:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    from . import emit  # cutlass_library is imported on the first render, not with the package
+
     config = config.kernel_key()
     if config.generation == "3x":
         emitted = emit.emit_sm90(config, dtype, "OasrEVT")

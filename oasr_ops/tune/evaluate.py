@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from .select import resolve_in_table
+
 __all__ = [
     "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
     "as_selector", "evaluate", "format_table", "plot", "register", "handler",
@@ -36,23 +38,6 @@ Selector = Union[SelectorFn, Mapping[str, Any]]
 
 
 # ---------------------------------------------------------------------------------------------- selectors
-
-def _local_resolve_in_table(table: list[list[Any]], m: int) -> str | None:
-    # Local copy of the runtime's round-up rule, used only while oasr_ops.tune.select does not export
-    # resolve_in_table: M takes the first region whose m_hi >= M; m_hi None is the catch-all.
-    for m_hi, config in table:
-        if m_hi is None or m <= int(m_hi):
-            return config
-    return None
-
-
-def _resolver() -> Callable[[list[list[Any]], int], Any]:
-    try:  # lazily: select.py is written concurrently and may import more than this module needs
-        from .select import resolve_in_table  # type: ignore[attr-defined]
-        return resolve_in_table
-    except Exception:
-        return _local_resolve_in_table
-
 
 def _half_alias(signature: str) -> str | None:
     # dt=half serves fp16 and bf16 alike; an exact dt=fp16/dt=bf16 entry wins over it (spec).
@@ -79,7 +64,7 @@ def db_selector(entries: Mapping[str, Any], miss: str | None = None) -> Selector
     Lookup: the signature's own entry, then its ``dt=half`` alias for dt=fp16/bf16, each rounding M up.
     A signature without an entry, or an M above the last region of an entry with no catch-all, answers
     ``miss`` (None: uncovered; ``"default"``: what the runtime ends at when no tier answers)."""
-    resolve = _resolver()
+    resolve = resolve_in_table
 
     def select(signature: str, m: int) -> str | None:
         # The dtype-specific entry first, then dt=half; each falls through where it does not cover M
