@@ -31,6 +31,39 @@ def latency_ms(fn, x, iters: int) -> float:
     return statistics.median(ts)
 
 
+def profile(model, backend: str, x, iters: int, grad: bool) -> list[dict]:
+    """Top kernels by GPU time over `iters` calls, compiled without CUDA graphs (so the profiler sees kernels)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.compiler.reset()
+    name = backend.removesuffix("+int8")
+    if name == "eager":
+        fn = model
+    else:
+        from oasr_ops.inductor.backend import oasr_backend
+
+        fn = torch.compile(model, backend=oasr_backend if name == "oasr" else name)
+    with torch.set_grad_enabled(grad):
+        for _ in range(3):
+            fn(x)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn(x)
+            torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"kernel": ev.key[:120], "calls_per_iter": ev.count / iters, "us_per_iter": t / iters})
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    total = sum(r["us_per_iter"] for r in rows)
+    print(f"  profile {backend}: {total:.0f} us of kernels per call (no CUDA graphs)")
+    for r in rows[:20]:
+        print(f"    {r['us_per_iter']:8.1f} us  {r['calls_per_iter']:6.1f}x  {r['kernel']}")
+    return rows[:60]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--size", default="M")
@@ -40,21 +73,31 @@ def main() -> int:
     p.add_argument("--backends", default="eager,inductor,oasr")
     p.add_argument("--quantization", default=None,
                    help="int8_w8a8: backends named NAME+int8 (e.g. oasr+int8) run the model after quantize_()")
+    p.add_argument("--attention", default="sdpa", help="the model's attention: sdpa | rel_pos (explicit matmuls)")
+    p.add_argument("--grad", action="store_true",
+                   help="run with autograd enabled (parameters require grad) instead of under torch.no_grad()")
+    p.add_argument("--profile", type=int, default=0,
+                   help="after timing, profile N calls of each backend without CUDA graphs and print the top "
+                        "kernels by GPU time")
+    p.add_argument("--options", default=None,
+                   help='JSON of torch.compile options for the compiled backends, e.g. \'{"triton.multi_kernel": 1}\'')
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    options = json.loads(a.options) if a.options else None
 
     import oasr_ops
     from examples.conformer import build_model, example_inputs
     from oasr_ops.library import served
 
-    model = build_model(size=a.size, dtype=torch.float16, device="cuda", seed=0)
+    model = build_model(size=a.size, dtype=torch.float16, device="cuda", seed=0, attention=a.attention)
     x = example_inputs(batch=a.batch, frames=a.frames, dtype=torch.float16, device="cuda", seed=1)[0]
-    ref_model = build_model(size=a.size, dtype=torch.float32, device="cuda", seed=0)
+    ref_model = build_model(size=a.size, dtype=torch.float32, device="cuda", seed=0, attention=a.attention)
     with torch.no_grad():
         ref = ref_model(x.float()).float()
     del ref_model
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-           "size": a.size, "batch": a.batch, "frames": a.frames, "mode": "reduce-overhead", "runs": {}}
+           "size": a.size, "batch": a.batch, "frames": a.frames, "mode": "reduce-overhead",
+           "attention": a.attention, "grad": a.grad, "options": options, "runs": {}}
     qmodel = None
     if a.quantization:
         import copy
@@ -73,9 +116,10 @@ def main() -> int:
             # The entry point registers "oasr" for an installed package; from a bare checkout pass the callable.
             from oasr_ops.inductor.backend import oasr_backend
 
-            fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend, mode="reduce-overhead")
+            fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend, mode="reduce-overhead",
+                               options=options)
             t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.set_grad_enabled(a.grad):
             out = fn(x)
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
@@ -88,6 +132,8 @@ def main() -> int:
         backend = backend + ("+int8" if quant else "")
         res["runs"][backend] = {"latency_ms": lat, "first_call_s": first, "rel_err_vs_fp32": err}
         print(backend, res["runs"][backend], flush=True)
+        if a.profile:
+            res["runs"][backend]["profile"] = profile(m, backend, x, a.profile, a.grad)
     res["served"] = sorted({(p.signature, p.config, p.tier) for p in served()})
     res["tuning_report"] = oasr_ops.tuning_report(print_=False) if hasattr(oasr_ops, "tuning_report") else None
     if "inductor" in res["runs"] and "oasr" in res["runs"]:

@@ -159,12 +159,18 @@ def main() -> int:
     big = {}
     p = Problem(8192, 8192, 8192, cold=False)
     flops = 2 * 8192 ** 3
-    for name, fn in {"oasr_auto": p.oasr("auto"), "oasr_heuristic": p.oasr("heuristic"),
-                     "int_mm_only": p.int_mm_only(), "int_mm_dequant": p.int_mm_dequant(),
-                     "fp16_cublas": p.fp16()}.items():
+    arms = {"oasr_auto": p.oasr("auto"), "oasr_heuristic": p.oasr("heuristic"),
+            "int_mm_only": p.int_mm_only(), "int_mm_dequant": p.int_mm_dequant(), "fp16_cublas": p.fp16()}
+    from oasr_ops.tune.arch import current_arch_family
+
+    lane = sys.modules["oasr_ops.scaled_mm"]._lane_for(current_arch_family())
+    for c in (lane.space if lane is not None else ()):  # every tile: what the heuristic leaves on the table here
+        arms[f"tile:{c.id}"] = p.oasr(c.id)
+    for name, fn in arms.items():
         us = time_graph(fn, 1, calls=8, reps=args.reps)
         big[name] = {"us": us, "tops": flops / us / 1e6}
     big["auto_config"] = served_config(p, "auto")
+    big["heuristic_config"] = served_config(p, "heuristic")
     del p
 
     print(f"| M | N | K | oasr auto | oasr heuristic | _int_mm+dequant | _int_mm only | fp16 cuBLAS | auto/fp16 | "

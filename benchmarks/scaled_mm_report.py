@@ -65,13 +65,13 @@ def main() -> int:
         row = {c: v for c, v in row.items() if c != "heuristic"}  # the log's pseudo-arm: the ladder at build time
         best = min(row.values())
         kv = dict(x.split("=", 1) for x in key[0].split("|")[1:])
-        h = row[smm.heuristic_config(key[1], int(kv["N"]), int(kv["K"]), "sm90")]  # the current ladder's tile
+        h = row[smm.heuristic_config(key[1], int(kv["N"]), int(kv["K"]), "sm90")]  # the current heuristic's tile
         c = sel(*key)
         tc = row.get(c, h) if c != "heuristic" else h
         reg_h.append(h / best)
         reg_db.append(tc / best)
         gain.append(h / tc)
-    print(f"Heuristic (the current `_INT8_LADDER`) vs the measured oracle over {len(t)} build points "
+    print(f"Heuristic (the current `heuristic_config`) vs the measured oracle over {len(t)} build points "
           f"(the nine tiles at every point): geomean regret {100 * (gm(reg_h) - 1):.1f} %, max "
           f"{100 * (max(reg_h) - 1):.1f} %. The shipped DB: geomean regret {100 * (gm(reg_db) - 1):.1f} %, max "
           f"{100 * (max(reg_db) - 1):.1f} %; tuned over heuristic {gm(gain):.3f}x geomean.")

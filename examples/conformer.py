@@ -15,9 +15,12 @@ Frontend: log-mel features ``(B, T, 80)`` -> Conv2d(1, C, 3, stride 2) -> ReLU -
 
 Simplifications, stated so nobody mistakes this for a paper-exact model:
 
-* **Positions are absolute sinusoids added once after subsampling**, not the relative positional encoding
-  (Transformer-XL style) of the paper. Rel-pos adds a ``Linear(d, d)`` on a (2T'-1, d) table per layer and a
-  shifted matmul; its GEMM contribution is small next to the FFNs and it complicates tracing.
+* **Positions are absolute sinusoids added once after subsampling** by default (``attention="sdpa"``), not
+  the relative positional encoding (Transformer-XL style) of the paper. ``attention="rel_pos"`` builds the
+  paper's (ESPnet's ``RelPositionMultiHeadedAttention``): per layer a ``Linear(d, d)`` (no bias) on a (2T'-1, d)
+  relative sinusoid table, learned biases u and v, ``(q + u) k^T + rel_shift((q + v) p^T)``, softmax, ``@ v`` —
+  written with ``torch.matmul`` (three batched GEMMs per layer, the ``bmm`` the backend rewrites), since SDPA
+  takes no such score term.
 * **The pointwise convolutions are ``nn.Linear``** over the channel axis, not 1x1 ``Conv1d``. They compute the
   same thing, but as ``nn.Linear`` the GEMMs (M = B*T', N in {2d, d}, K = d) are visible to a graph pass that
   rewrites ``aten.addmm``/``aten.linear``; a 1x1 convolution would hide them inside ``aten.convolution``.
@@ -49,6 +52,8 @@ Usage::
     out, out_lens = model(feats, lengths)              # with padding masks, when lengths are given
 """
 from __future__ import annotations
+
+import math
 
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -85,6 +90,7 @@ class ConformerConfig:
     fused_qkv: bool = True
     dropout: float = 0.1                # inactive in eval mode; kept so train() behaves like a recipe
     layer_norm_eps: float = 1e-5
+    attention: str = "sdpa"             # "sdpa" (absolute positions) or "rel_pos" (relative, explicit matmuls)
 
     def __post_init__(self) -> None:
         if self.d_model % self.num_heads:
@@ -95,6 +101,8 @@ class ConformerConfig:
             raise ValueError(f"conv_norm must be 'batch' or 'layer', got {self.conv_norm!r}")
         if self.d_model % 2:
             raise ValueError("d_model must be even for sinusoidal positions")
+        if self.attention not in ("sdpa", "rel_pos"):
+            raise ValueError(f"attention must be 'sdpa' or 'rel_pos', got {self.attention!r}")
 
 
 SIZES: dict[str, ConformerConfig] = {
@@ -156,6 +164,21 @@ class FeedForward(nn.Module):
         return _dropout(self.fc2(h), self.dropout, self.training)
 
 
+def _rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, 2T-1) scores per relative offset (T-1 .. 1-T) -> (B, H, T, T) per key (ESPnet's rel_shift)."""
+    b, h, t, n = x.shape
+    padded = F.pad(x, (1, 0)).view(b, h, n + 1, t)
+    return padded[:, :, 1:].reshape(b, h, t, n)[..., : n // 2 + 1]
+
+
+def rel_positions(t: int, d: int, device: torch.device | None = None) -> torch.Tensor:
+    """(2T-1, d) fp32 sinusoids of the relative offsets T-1, ..., 0, ..., 1-T (ESPnet's RelPositionalEncoding)."""
+    half = d // 2
+    inv = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * (-math.log(10000.0) / half))
+    offs = torch.arange(t - 1, -t, -1, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.stack([torch.sin(offs), torch.cos(offs)], dim=-1).reshape(2 * t - 1, d)
+
+
 class MultiHeadSelfAttention(nn.Module):
     """Pre-norm MHSA over (B, T, d); ``mask`` is (B, T) bool, True on real (non-padding) frames."""
 
@@ -172,8 +195,26 @@ class MultiHeadSelfAttention(nn.Module):
             self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.out = nn.Linear(d, d)
         self.dropout = cfg.dropout
+        self.rel_pos = cfg.attention == "rel_pos"
+        if self.rel_pos:
+            self.linear_pos = nn.Linear(d, d, bias=False)
+            self.pos_bias_u = nn.Parameter(torch.randn(self.num_heads, self.head_dim) * 0.02)
+            self.pos_bias_v = nn.Parameter(torch.randn(self.num_heads, self.head_dim) * 0.02)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _rel_pos_attention(self, q, k, v, pos, mask):
+        """ESPnet's relative-position attention; q, k, v (B, H, T, hd), pos (2T-1, d) for offsets T-1 .. 1-T."""
+        h, hd = self.num_heads, self.head_dim
+        p = self.linear_pos(pos).view(-1, h, hd).transpose(0, 1)              # (H, 2T-1, hd)
+        ac = torch.matmul(q + self.pos_bias_u[:, None], k.transpose(-1, -2))  # (B, H, T, T)
+        bd = _rel_shift(torch.matmul(q + self.pos_bias_v[:, None], p.transpose(-1, -2)))  # (B, H, T, T)
+        scores = (ac + bd) * hd ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        attn = _dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), self.dropout, self.training)
+        return torch.matmul(attn, v)                                            # (B, H, T, hd)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                pos: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         h, hd = self.num_heads, self.head_dim
         y = self.norm(x)
@@ -182,9 +223,12 @@ class MultiHeadSelfAttention(nn.Module):
         else:
             q, k, v = (lin(y).view(b, t, h, hd).transpose(1, 2) for lin in (self.q, self.k, self.v))
         # Key-padding mask broadcast over heads and queries; padded queries still produce (ignored) rows.
-        attn_mask = None if mask is None else mask[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.rel_pos:
+            y = self._rel_pos_attention(q, k, v, pos, mask)
+        else:
+            attn_mask = None if mask is None else mask[:, None, None, :]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return _dropout(self.out(y.transpose(1, 2).reshape(b, t, d)), self.dropout, self.training)
 
 
@@ -224,9 +268,10 @@ class ConformerBlock(nn.Module):
         self.ff2 = FeedForward(cfg)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                pos: torch.Tensor | None = None) -> torch.Tensor:
         x = x + 0.5 * self.ff1(x)  # macaron: two half-step FFNs sandwich attention and convolution
-        x = x + self.mhsa(x, mask)
+        x = x + self.mhsa(x, mask, pos)
         x = x + self.conv(x, mask)
         x = x + 0.5 * self.ff2(x)
         return self.norm(x)
@@ -254,14 +299,18 @@ class ConformerEncoder(nn.Module):
         x = self.subsample(feats)
         t = x.shape[1]
         # Computed per call in fp32 (cheap, no max-length cap) and cast to the activation dtype.
-        x = x + sinusoids(t, self.d_model, device=x.device).to(x.dtype)
+        pos = None
+        if self.config.attention == "rel_pos":
+            pos = rel_positions(t, self.d_model, device=x.device).to(x.dtype)
+        else:
+            x = x + sinusoids(t, self.d_model, device=x.device).to(x.dtype)
         mask = out_lens = None
         if lengths is not None:
             out_lens = output_lengths(lengths.to(x.device))
             # clamp(min=1): a fully-masked attention row would be NaN for utterances shorter than 7 frames.
             mask = torch.arange(t, device=x.device)[None, :] < out_lens.clamp(min=1)[:, None]
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x, mask, pos)
         return x if out_lens is None else (x, out_lens)
 
 

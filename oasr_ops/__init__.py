@@ -11,6 +11,7 @@ from .quantize import QuantLinear, quantization_report, quantize_  # noqa: F401,
 # int8 W8A8: registers torch.ops.oasr.scaled_mm / scaled_mm_quant / quantize_per_token. The attribute
 # `oasr_ops.scaled_mm` is the function; the module is sys.modules["oasr_ops.scaled_mm"].
 from .scaled_mm import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
+from .bmm import bmm  # noqa: F401,E402  (registers torch.ops.oasr.bmm)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 
 

@@ -51,11 +51,17 @@ def reload_tuning() -> int:
     """
     import torch
 
+    import sys
+
     from . import library
     from .tune import database
 
     epoch = database.reload()
     library.reset_plans()
+    for fam in ("oasr_ops.scaled_mm", "oasr_ops.bmm"):  # the other families' plan caches (keyed by epoch too)
+        mod = sys.modules.get(fam)
+        if mod is not None:
+            mod.reset_plans()
     torch.compiler.reset()
     return epoch
 

@@ -4,7 +4,7 @@ from oasr_ops.codegen.lanes import get_lane
 from oasr_ops.tune.prebuild import plan_specs
 
 
-def test_plan_covers_both_families(monkeypatch, tmp_path):
+def test_plan_covers_every_family(monkeypatch, tmp_path):
     from oasr_ops import paths
     from oasr_ops.tune import database
 
@@ -13,7 +13,9 @@ def test_plan_covers_both_families(monkeypatch, tmp_path):
     try:
         gemm = plan_specs("sm90", None, False, ("fp16",), "gemm")
         smm = plan_specs("sm90", None, False, ("fp16",), "scaled_mm")
+        bmm = plan_specs("sm90", None, False, ("fp16",), "bmm")
         both = plan_specs("sm90", None, False, ("fp16",))
+        bmm_lane = get_lane("sm90_f16_wgmma_bmm")
         sm90 = get_lane("sm90_f16_wgmma")
         expected = {c.kernel_key() for c in production_configs(sm90, "sm90")}
     finally:
@@ -21,7 +23,12 @@ def test_plan_covers_both_families(monkeypatch, tmp_path):
         database.reload()
     assert {s.lane.name for s in gemm} == {"sm90_f16_wgmma", "sm80_f16_mma"}
     assert {s.lane.name for s in smm} == {"sm90_int8_wgmma"}
-    assert len(both) == len(gemm) + len(smm)
+    assert {s.lane.name for s in bmm} == {"sm90_f16_wgmma_bmm"}
+    # no DB: the bmm lane's default and coverage basis, each in both B layouts
+    assert {(s.config, s.dtype) for s in bmm} == {(c, f"fp16_b{mj}") for c in (bmm_lane.default,
+                                                                                *bmm_lane.coverage_basis)
+                                                  for mj in ("k", "n")}
+    assert len(both) == len(gemm) + len(smm) + len(bmm)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")
     assert [s.est_memory for s in both] == sorted((s.est_memory for s in both), reverse=True)

@@ -60,8 +60,12 @@ def sm90_schedules(cfg: Config):
     return kernel_sched, epi_sched, scheduler
 
 
-def emit_sm90(cfg: Config, dtype: str, epilogue_type: str) -> EmittedKernel:
-    """A CUTLASS 3.x TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
+def emit_sm90(cfg: Config, dtype: str, epilogue_type: str, b_layout: L.LayoutType = L.LayoutType.ColumnMajor
+              ) -> EmittedKernel:
+    """A CUTLASS 3.x TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`.
+
+    `b_layout`: ColumnMajor is W as `nn.Linear` stores it ([N, K], K contiguous); RowMajor is a [K, N] operand
+    with N contiguous (the bmm family's `attn @ v`)."""
     el = DTYPES[dtype]
     math = L.MathInstruction([64, cfg.tile[1], 16], el, el, L.DataType.f32, L.OpcodeClass.TensorOp,
                              L.MathOperation.multiply_add)
@@ -72,7 +76,7 @@ def emit_sm90(cfg: Config, dtype: str, epilogue_type: str) -> EmittedKernel:
     op = GemmOperation(
         L.GemmKind.Universal3x, 90, tile,
         _tensor(el, L.LayoutType.RowMajor, cfg.alignment),
-        _tensor(el, L.LayoutType.ColumnMajor, cfg.alignment),
+        _tensor(el, b_layout, cfg.alignment),
         _tensor(L.DataType.void, L.LayoutType.RowMajor, cfg.alignment),  # no C operand: bias is an EVT input
         L.DataType.f32,
         epilogue_functor=epilogue,

@@ -35,6 +35,8 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         from .emit_int8 import render_scaled_mm
 
         return render_scaled_mm(lane, config, dtype)
+    if lane.family == "bmm":
+        return _render_bmm(lane, config, dtype)
     if dtype not in _ELEMENT:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
     if config.kernel_key() not in {c.kernel_key() for c in lane.space}:
@@ -56,4 +58,34 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         definition=emitted.definition,
         operation_name=emitted.operation_name,
         abi_version=ABI_VERSION,
+    )
+
+
+# Version of the bmm family's launcher (`oasr_bmm_*`), checked by the loader in oasr_ops/bmm.py.
+BMM_ABI_VERSION = 1
+
+
+def _render_bmm(lane: Lane, config: Config, variant: str) -> str:
+    """A bmm kernel: `variant` is ``<dtype>_b<k|n>`` (lanes/sm90_f16_bmm.py)."""
+    from .lanes.sm90_f16_bmm import split_variant
+
+    dtype, b_major = split_variant(variant)
+    if config not in lane.space:
+        raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    from . import emit
+
+    layout = emit.L.LayoutType.ColumnMajor if b_major == "k" else emit.L.LayoutType.RowMajor
+    emitted = emit.emit_sm90(config, dtype, "OasrEVT", b_layout=layout)
+    return _env().get_template(lane.template).render(
+        lane=lane.name,
+        config_id=config.id,
+        dtype=variant,
+        b_major=b_major,
+        element=_ELEMENT[dtype],
+        tile=list(config.tile),
+        includes=list(emitted.includes),
+        definition=emitted.definition,
+        operation_name=emitted.operation_name,
+        abi_version=ABI_VERSION,
+        bmm_abi_version=BMM_ABI_VERSION,
     )

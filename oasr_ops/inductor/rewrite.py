@@ -1,4 +1,5 @@
-"""The graph rewrite: ATen Linear GEMMs (+ a fusable activation) -> `torch.ops.oasr.gemm`, configs baked in.
+"""The graph rewrite: ATen Linear GEMMs (+ a fusable activation) -> `torch.ops.oasr.gemm`, `bmm` ->
+`torch.ops.oasr.bmm`, configs baked in.
 
 Runs as Inductor's `post_grad_custom_pre_pass` (one `CustomGraphPass` object, torch 2.11-compatible) and, with
 ``bake=False``, inside the traced census (`oasr_ops.tune.census`), so the census sees exactly the sites the
@@ -18,8 +19,12 @@ decompositions Inductor's table produces (``convert(fp32) -> neg -> exp -> add 1
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
 (a parameter: placeholder after AOTAutograd, get_attr under freezing), an input not known to be contiguous, a
-bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA. ``bmm`` is not rewritten:
-there is no batched-weight oasr op.
+bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA.
+
+``bmm(a [L, M, K], b [L, K, N])`` (what `torch.matmul` of attention lowers to) -> ``oasr.bmm(a, b, cfg)`` when
+the dtype is fp16/bf16, L, N and K are static, N % 8 == K % 8 == 0, and the traced strides show a K-contiguous a
+and a b with N or K contiguous (op ``bmm`` / ``bmm_nn``, family ``bmm``; `oasr_ops/bmm.py`). The op carries
+`needs_fixed_stride_order`, so Inductor keeps those strides. Its M axis for selection is L * M.
 
 Configs: a static M bakes `select_config(...).config` (a concrete id or a sentinel); a symbolic M bakes the
 signature's region table (`library.format_table(select.region_table(...))`), resolved per call. A table whose
@@ -328,6 +333,25 @@ def _signature(family: str, op: str, dtype: str, n: int, k: int) -> str:
     return database.signature(family, op, dtype, n, k)
 
 
+# A site whose baked answer is cuBLAS for every M keeps its aten node: `oasr.gemm(..., "torch")` would run the same
+# cuBLAS call but pin the operands' strides (`needs_fixed_stride_order`) and hide the epilogue from Inductor's
+# fusion — measured slower end to end than leaving the node alone (docs/perf/e2e.md). The site is still recorded
+# (tuning report, census); a DB change recompiles (the pass's uuid covers the DB), so a later entry takes effect.
+_ATEN_CONFIGS = frozenset({"torch", "regions:*=torch"})
+
+
+def _aten_site(sig, family, op, dt, n, k, m_int, m, activation, bias, config, tier, node) -> GemmSite:
+    m_expr, m_hint = None, m_int
+    if m_int is None and isinstance(m, torch.SymInt):
+        m_expr = m.node.expr
+        try:
+            m_hint = int(m.node.hint) if m.node.hint is not None else None
+        except Exception:
+            m_hint = None
+    return GemmSite(sig, family, op, dt, n, k, m_int, m_expr, m_hint, activation, bias, config, tier,
+                    f"{node.name} (kept on aten)")
+
+
 def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None = None,
                   log: bool = False) -> RewriteResult:
     """Rewrite every eligible mm/addmm of `graph` in place into `oasr.gemm`; returns what it did.
@@ -362,6 +386,10 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
             config, tier, sig = _bake("gemm", op, dt, cand.n, cand.k, m_int, arch)
         else:
             config, tier, sig = "auto", "", _signature("gemm", op, dt, cand.n, cand.k)
+        if config in _ATEN_CONFIGS:
+            res.sites.append(_aten_site(sig, "gemm", op, dt, cand.n, cand.k, m_int, cand.m, activation,
+                                        cand.bias is not None, config, tier, node))
+            continue
         with graph.inserting_before(node):
             new = graph.call_function(gemm_op, (cand.a, cand.w, cand.bias, activation, config))
         new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace",
@@ -389,6 +417,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
         res.sites.append(GemmSite(sig, "gemm", op, dt, cand.n, cand.k, m_int, m_expr, m_hint, activation,
                                   cand.bias is not None, config, tier, new.name))
     _scaled_mm_sites(graph, res, bake, arch)
+    _bmm_sites(graph, res, bake, arch)
     if log:
         with _LOG_LOCK:
             _LOG.append(res)
@@ -435,6 +464,69 @@ def _scaled_mm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch
                                   "none", node.args[4] is not None, config, tier, node.name))
 
 
+def _bmm_candidate(node: torch.fx.Node) -> tuple[tuple[str, str, int, int, Any] | None, str]:
+    """(op, dtype name, n, k, rows = L * M) of a rewritable bmm, or the reason it stays on aten."""
+    a, b = node.args[0], node.args[1]
+    av, bv = _val(a), _val(b)
+    if not isinstance(av, torch.Tensor) or not isinstance(bv, torch.Tensor):
+        return None, "no fake value"
+    if av.dtype not in LOW_DTYPES or bv.dtype != av.dtype:
+        return None, f"dtype {av.dtype}/{bv.dtype} (fp16/bf16 only)"
+    if av.device.type not in ("cpu", "cuda", "meta"):
+        return None, f"device {av.device}"
+    el, n, k = _static_int(av.shape[0]), _static_int(bv.shape[2]), _static_int(av.shape[2])
+    if el is None or n is None or k is None:
+        return None, "bmm with symbolic L, N or K"
+    if n % _ALIGN or k % _ALIGN:
+        return None, f"bmm N={n} K={k} not multiples of {_ALIGN}"
+    a_k, b_n, b_k = (_static_int(x) for x in (av.stride(2), bv.stride(2), bv.stride(1)))
+    if a_k != 1:
+        return None, "bmm a is not K-contiguous"
+    if b_n == 1:
+        op = "bmm_nn"
+    elif b_k == 1:
+        op = "bmm"
+    else:
+        return None, "bmm b has neither N nor K contiguous"
+    return (op, LOW_DTYPES[av.dtype], n, k, el * av.shape[1]), ""
+
+
+def _bmm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch: str | None) -> None:
+    """aten.bmm -> oasr.bmm (module docstring); the config is baked as for gemm, over rows = L * M."""
+    bmm_op = torch.ops.oasr.bmm.default
+    for node in list(graph.nodes):
+        if not _is(node, aten.bmm.default):
+            continue
+        cand, why = _bmm_candidate(node)
+        if cand is None:
+            res.skipped.append((node.name, why))
+            continue
+        op, dt, n, k, rows = cand
+        m_int = _static_int(rows)
+        if bake:
+            config, tier, sig = _bake("bmm", op, dt, n, k, m_int, arch)
+        else:
+            config, tier, sig = "auto", "", _signature("bmm", op, dt, n, k)
+        if config in _ATEN_CONFIGS:
+            res.sites.append(_aten_site(sig, "bmm", op, dt, n, k, m_int, rows, "none", False, config, tier, node))
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(bmm_op, (node.args[0], node.args[1], config))
+        new.meta.update({key: v for key, v in node.meta.items() if key in ("val", "tensor_meta", "stack_trace",
+                                                                           "nn_module_stack", "source_fn_stack")})
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        m_expr, m_hint = None, m_int
+        if m_int is None and isinstance(rows, torch.SymInt):
+            m_expr = rows.node.expr
+            try:
+                m_hint = int(rows.node.hint) if rows.node.hint is not None else None
+            except Exception:
+                m_hint = None
+        res.sites.append(GemmSite(sig, "bmm", op, dt, n, k, m_int, m_expr, m_hint, "none", False, config, tier,
+                                  new.name))
+
+
 # ------------------------------------------------------------------------------------------------ the pass
 
 _SOURCES = (Path(__file__),)
@@ -450,8 +542,10 @@ def _source_hash() -> str:
     # scaled_mm.py) and the in-graph quantization rewrite.
     smm = importlib.import_module("oasr_ops.scaled_mm")
     qpass = importlib.import_module("oasr_ops.inductor.quantize_pass")
+    bmm = importlib.import_module("oasr_ops.bmm")
     h = hashlib.sha256()
-    for p in (*_SOURCES, Path(lib_file), Path(select.__file__), Path(smm.__file__), Path(qpass.__file__)):
+    for p in (*_SOURCES, Path(lib_file), Path(select.__file__), Path(smm.__file__), Path(qpass.__file__),
+              Path(bmm.__file__)):
         try:
             h.update(p.read_bytes())
         except OSError:

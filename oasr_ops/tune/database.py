@@ -21,7 +21,8 @@ File format (schema 2)::
 
 Signatures are the spec's strings (`signature()`): ``gemm|op=gemm|dt=half|N=512|K=256`` (ops gemm,
 gemm_activation), ``scaled_mm|op=scaled_mm|N=768|K=256`` (ops scaled_mm, scaled_mm_quant; no dtype),
-``conv1d|op=conv1d|dt=half|N=<out channels>|K=<in channels x width>`` (the conv's GEMM view).
+``conv1d|op=conv1d|dt=half|N=<out channels>|K=<in channels x width>`` (the conv's GEMM view),
+``bmm|op=bmm|dt=half|N=..|K=..`` (ops bmm, bmm_nn: the B operand's layout; the M axis is L * M).
 
 Regions round UP: M takes the first region with ``m_hi >= M``; ``null`` is the catch-all. An entry without a
 catch-all (what autotune writes) does not cover an M above its largest region: the next tier answers.
@@ -88,9 +89,11 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "scaled_mm": ("scaled_mm", "scaled_mm_quant"),
     "scaled_mm_fp8": ("scaled_mm_fp8", "scaled_mm_fp8_quant"),
     "conv1d": ("conv1d",),
+    # Batched GEMM (oasr_ops/bmm.py): `bmm` reads B K-contiguous, `bmm_nn` N-contiguous; M is L * M.
+    "bmm": ("bmm", "bmm_nn"),
 }
 # Families whose signature carries the activation dtype (the quantized families' operand dtype is the family).
-DTYPED_FAMILIES = frozenset({"gemm", "conv1d"})
+DTYPED_FAMILIES = frozenset({"gemm", "conv1d", "bmm"})
 SIG_DTYPES = ("half", "fp16", "bf16")
 TIERS = ("user", "system")
 

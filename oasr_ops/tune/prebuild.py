@@ -2,8 +2,9 @@
 
 Default set: the production compile set of every gemm lane that runs on the target arch (DB references + lane
 default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every heuristic rung; fp16/bf16
-output kernels and, for data-parallel tiles, the quantizing variant); `--all` the whole spaces; `--configs ID ...`
-exactly those gemm configs. `--family gemm|scaled_mm` narrows to one family.
+output kernels and, for data-parallel tiles, the quantizing variant) and of the native bmm lane (lane default,
+coverage basis and DB references, both B layouts); `--all` the whole spaces; `--configs ID ...` exactly those gemm
+configs. `--family gemm|scaled_mm|bmm` narrows to one family.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
             specs += specs_for(lane, chosen, dtypes, arch)
     if family in (None, "scaled_mm"):
         specs += _scaled_mm_specs(arch, all_, dtypes)
+    if family in (None, "bmm"):
+        specs += _bmm_specs(arch, all_, dtypes)
     # The heaviest (3.x) compiles first so the pool's tail is short ones.
     return sorted(specs, key=lambda s: -s.est_memory)
 
@@ -55,6 +58,18 @@ def _scaled_mm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[Jit
     # the quantizing launcher (int8 output) exists for data-parallel tiles only
     specs += [JitSpec.for_kernel(lane, c, "int8", arch) for c in chosen if c.kernel_schedule != "streamk"]
     return specs
+
+
+def _bmm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
+    from ..codegen.lanes import native_lane
+    from ..codegen.lanes.sm90_f16_bmm import B_MAJORS, kernel_variant
+
+    lane = native_lane(arch, "bmm")
+    if lane is None:
+        return []
+    chosen = list(lane.space) if all_ else production_configs(lane, arch)
+    return [JitSpec.for_kernel(lane, c, kernel_variant(dt, mj), arch) for c in chosen for dt in dtypes
+            for mj in B_MAJORS]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -86,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--all", action="store_true", help="the whole config space of every lane")
     p.add_argument("--arch", help="override OASR_CUDA_ARCH_LIST (e.g. 9.0a)")
     p.add_argument("--dtypes", help="comma list of fp16,bf16 (default both)")
-    p.add_argument("--family", choices=["gemm", "scaled_mm"], help="one kernel family only (default: both)")
+    p.add_argument("--family", choices=["gemm", "scaled_mm", "bmm"], help="one kernel family only (default: all)")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (capped by free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

@@ -7,7 +7,7 @@
   that the lane's static feasibility rules reject for (N, K, arch) is warned about once and treated as a hole.
 * Then the cost-model tier (`register_cost_model(family, fn)`, fn(lane, m, n, k, dtype) -> id | None; absent by
   default; ``OASR_TUNE_MODEL_FALLBACK=0`` turns it off), then the family fallback: for gemm the native lane's
-  default id (the sentinel ``"default"`` where no lane runs), for scaled_mm* the registered heuristic
+  default id (the sentinel ``"default"`` where no lane runs), for bmm ``"torch"``, for scaled_mm* the registered heuristic
   (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
 * ``OASR_GEMM_HEURISTIC=0``: every gemm shape gets the lane default, tier ``default``.
 * A region naming a sentinel (``default``/``torch``/``fused``/``heuristic``) is returned as that sentinel.
@@ -46,9 +46,15 @@ from . import database as _db
 from .arch import current_arch_family, normalize_arch
 
 TIER_NAMES = ("user", "system", "model", "default", "heuristic")
-_FALLBACK_TIER = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic", "scaled_mm_fp8": "heuristic"}
+_FALLBACK_TIER = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic", "scaled_mm_fp8": "heuristic",
+                  "bmm": "default"}
+# bmm falls back to cuBLAS: no CUTLASS bmm tile has been measured against it for an untuned shape (bmm.py).
 _FALLBACK_SENTINEL = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic",
-                      "scaled_mm_fp8": "heuristic"}
+                      "scaled_mm_fp8": "heuristic", "bmm": "torch"}
+
+# The answer where no arch is known (a CPU without OASR_ARCH): the lane default, except for bmm, whose untuned
+# answer is always cuBLAS.
+_NO_ARCH = {"bmm": "torch"}
 
 PluginFn = Callable[[Any, int, int, int, Any], "str | None"]
 
@@ -266,7 +272,8 @@ def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str
     if a is None:
         dt = _db.normalize_dtype(dtype)
         sigs = _db.lookup_signatures(family, op, dt, n, k)
-        return Selection("default", "default", sigs[0] if sigs else f"{family}|op={op}|N={n}|K={k}")
+        return Selection(_NO_ARCH.get(family, "default"), "default",
+                         sigs[0] if sigs else f"{family}|op={op}|N={n}|K={k}")
     ctx = _context(family, op, dtype, n, k, a)
     hit = _walk_db(ctx, m, point)
     cfg, tier = hit if hit is not None else _fallback(ctx, m)
@@ -316,7 +323,7 @@ def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | N
         raise ValueError(f"unknown family/op {family!r}/{op!r}")
     a = normalize_arch(arch) if arch else current_arch_family()
     if a is None:
-        return [[None, "default"]]
+        return [[None, _NO_ARCH.get(family, "default")]]
     ctx = _context(family, op, dtype, n, k, a)
     beyond = ctx.fallback_const if (ctx.model is None and ctx.fallback_fn is None) else "auto"
     bps = sorted({m for _, regions, _ in ctx.chain for m, _ in regions if m is not None})
