@@ -340,14 +340,19 @@ def _signature(family: str, op: str, dtype: str, n: int, k: int) -> str:
 _ATEN_CONFIGS = frozenset({"torch", "regions:*=torch"})
 
 
+def _m_expr_hint(m_int: int | None, m: Any) -> tuple[Any, int | None]:
+    """(sympy expression, hint) of a symbolic M; (None, M) for a static one."""
+    if m_int is not None or not isinstance(m, torch.SymInt):
+        return None, m_int
+    try:
+        hint = int(m.node.hint) if m.node.hint is not None else None
+    except Exception:
+        hint = None
+    return m.node.expr, hint
+
+
 def _aten_site(sig, family, op, dt, n, k, m_int, m, activation, bias, config, tier, node) -> GemmSite:
-    m_expr, m_hint = None, m_int
-    if m_int is None and isinstance(m, torch.SymInt):
-        m_expr = m.node.expr
-        try:
-            m_hint = int(m.node.hint) if m.node.hint is not None else None
-        except Exception:
-            m_hint = None
+    m_expr, m_hint = _m_expr_hint(m_int, m)
     return GemmSite(sig, family, op, dt, n, k, m_int, m_expr, m_hint, activation, bias, config, tier,
                     f"{node.name} (kept on aten)")
 
@@ -407,13 +412,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
         graph.erase_node(node)
         if not cand.wt.users:
             graph.erase_node(cand.wt)
-        m_expr, m_hint = None, m_int
-        if m_int is None and isinstance(cand.m, torch.SymInt):
-            m_expr = cand.m.node.expr
-            try:
-                m_hint = int(cand.m.node.hint) if cand.m.node.hint is not None else None
-            except Exception:
-                m_hint = None
+        m_expr, m_hint = _m_expr_hint(m_int, cand.m)
         res.sites.append(GemmSite(sig, "gemm", op, dt, cand.n, cand.k, m_int, m_expr, m_hint, activation,
                                   cand.bias is not None, config, tier, new.name))
     _scaled_mm_sites(graph, res, bake, arch)
@@ -453,13 +452,7 @@ def _scaled_mm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch
             else:
                 config, tier, _sig = _bake("scaled_mm", op, "int8", n, k, None, arch)
             node.args = (*node.args[:6], config)
-        m_expr, m_hint = None, m_int
-        if m_int is None and isinstance(m, torch.SymInt):
-            m_expr = m.node.expr
-            try:
-                m_hint = int(m.node.hint) if m.node.hint is not None else None
-            except Exception:
-                m_hint = None
+        m_expr, m_hint = _m_expr_hint(m_int, m)
         res.sites.append(GemmSite(smm.signature(op, n, k), "scaled_mm", op, "int8", n, k, m_int, m_expr, m_hint,
                                   "none", node.args[4] is not None, config, tier, node.name))
 
@@ -516,13 +509,7 @@ def _bmm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch: str 
                                                                            "nn_module_stack", "source_fn_stack")})
         node.replace_all_uses_with(new)
         graph.erase_node(node)
-        m_expr, m_hint = None, m_int
-        if m_int is None and isinstance(rows, torch.SymInt):
-            m_expr = rows.node.expr
-            try:
-                m_hint = int(rows.node.hint) if rows.node.hint is not None else None
-            except Exception:
-                m_hint = None
+        m_expr, m_hint = _m_expr_hint(m_int, rows)
         res.sites.append(GemmSite(sig, "bmm", op, dt, n, k, m_int, m_expr, m_hint, "none", False, config, tier,
                                   new.name))
 
