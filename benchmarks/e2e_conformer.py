@@ -116,8 +116,15 @@ def main() -> int:
             # The entry point registers "oasr" for an installed package; from a bare checkout pass the callable.
             from oasr_ops.inductor.backend import oasr_backend
 
-            fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend, mode="reduce-overhead",
-                               options=options)
+            # torch.compile takes `mode` or `options`, not both: with options, Inductor's reduce-overhead is its
+            # `triton.cudagraphs` option and the oasr backend reads `mode` from its options.
+            if options:
+                extra = {"mode": "reduce-overhead"} if backend == "oasr" else {"triton.cudagraphs": True}
+                fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend,
+                                   options={**options, **extra})
+            else:
+                fn = torch.compile(m, backend=oasr_backend if backend == "oasr" else backend,
+                                   mode="reduce-overhead")
             t0 = time.perf_counter()
         with torch.set_grad_enabled(a.grad):
             out = fn(x)

@@ -36,15 +36,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", action="store_true", help="compile once for every batch x time size")
     p.add_argument("--prewarm", action="store_true", help="TuningConfig(mode='prewarm') before compiling")
     p.add_argument("--strict", action="store_true", help="TuningConfig(strict=True): refuse uncovered points")
+    p.add_argument("--attention", default="sdpa", help="sdpa | rel_pos (explicit matmuls: oasr.bmm sites)")
     args = p.parse_args(argv)
 
-    kw = {} if args.layers is None else {"num_layers": args.layers}
+    kw = {"attention": args.attention} if args.layers is None else {"num_layers": args.layers,
+                                                                     "attention": args.attention}
     model = build_model(args.size, dtype=args.dtype, device=args.device, **kw)
     (x,) = example_inputs(args.batch, args.frames, dtype=args.dtype, device=args.device)
     mode = args.mode or ("reduce-overhead" if args.device.startswith("cuda") else None)
     tuning = oasr_ops.TuningConfig(mode="prewarm" if args.prewarm else "off", strict=args.strict)
-    compiled = torch.compile(model, backend="oasr", mode=mode, dynamic=args.dynamic or None,
-                             options={"tuning": tuning})
+    try:  # registered by the package's entry point after `pip install`
+        torch._dynamo.lookup_backend("oasr")
+        backend = "oasr"
+    except Exception:  # a bare checkout on PYTHONPATH: pass the backend itself
+        from oasr_ops.inductor.backend import oasr_backend as backend
+    # torch.compile takes `mode` or `options`, not both: the oasr backend reads the mode from its options.
+    compiled = torch.compile(model, backend=backend, dynamic=args.dynamic or None,
+                             options={"tuning": tuning, "mode": mode})
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = compiled(x)
@@ -73,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(key)
             n = sum(1 for t in log[-1].sites if (t.signature, t.m, t.config) == key)
             m = s.m if s.m is not None else "symbolic"
-            print(f"  {n:3d} x {s.signature} M={m}: {s.config} [{s.tier}]")
-    plans = library.served()
+            where = " (kept as the aten node: cuBLAS)" if s.config in ("torch", "regions:*=torch") else ""
+            print(f"  {n:3d} x {s.signature} M={m}: {s.config} [{s.tier}]{where}")
+    plans = [*library.served(), *sys.modules["oasr_ops.scaled_mm"].served(), *sys.modules["oasr_ops.bmm"].served()]
     if plans:
         print("kernels that served (CUDA plans):")
         for pl in plans:
             print(f"  {pl.signature}: {pl.config} [{pl.tier}] x{pl.calls}")
     else:
-        print("kernels that served: the CPU reference path (torch.ops.oasr.gemm's CPU implementation)")
+        print("kernels that served: the CPU reference path (the oasr ops' CPU implementations)")
     return 0
 
 

@@ -270,3 +270,27 @@ def test_tuning_config_validates():
     with pytest.raises(ValueError):
         oasr_ops.TuningConfig(mode="later")
     assert oasr_ops.TuningConfig().mode == "off"
+
+
+def test_mode_may_be_given_inside_options(monkeypatch):
+    """torch.compile refuses mode= together with options=; the backend reads the mode from its options."""
+    import torch._inductor.compile_fx as cfx
+
+    from oasr_ops.inductor import backend as be
+
+    seen = {}
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None):
+        seen.update(config_patches or {})
+        return gm
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(8, 8))
+    be.oasr_backend(gm, [torch.randn(2, 8)], options={"mode": "reduce-overhead"})
+    assert seen.get("triton.cudagraphs") is True and "mode" not in seen
+    seen.clear()
+    be.oasr_backend(gm, [torch.randn(2, 8)], options={"max_autotune": False})
+    assert "triton.cudagraphs" not in seen and seen["max_autotune"] is False
+    with pytest.raises(RuntimeError, match="mode or options"):
+        torch.compile(torch.nn.Linear(8, 8), backend=be.oasr_backend, mode="reduce-overhead",
+                      options={"max_autotune": False})

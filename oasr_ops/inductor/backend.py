@@ -10,7 +10,9 @@ itself: ``torch.compile(m, backend=oasr_ops.inductor.backend.oasr_backend)``.
 non-default):
 
 * ``mode``: mapped like Inductor does, through `torch._inductor.list_mode_options` (``reduce-overhead`` ->
-  ``{"triton.cudagraphs": True}``, ``max-autotune`` -> ...).
+  ``{"triton.cudagraphs": True}``, ``max-autotune`` -> ...). `torch.compile` refuses ``mode`` together with
+  ``options`` ("Either mode or options can be specified"), so the mode may also be given as
+  ``options={"mode": "reduce-overhead", ...}``.
 * ``options={"tuning": TuningConfig(...)}``: with ``mode="prewarm"`` the graph's GEMM points that no DB tier
   covers are measured into the user tier before the graph is compiled; with ``strict=True`` an uncovered point
   raises `UncoveredPointsError` instead of compiling with fallbacks. Every other option is an Inductor config
@@ -48,6 +50,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
 
     opts = dict(options or {})
     opts.update(kwargs)
+    mode = opts.pop("mode", None) or mode
     quantization = opts.pop("quantization", None)
     if quantization:
         from .quantize_pass import quantize_graph
