@@ -88,7 +88,7 @@ def main() -> int:
               f"best {best} {res['us'][best]:8.2f} us ({res['speedup_best_vs_cublas']:.3f}x)"
               + (f"  ERR>1e-2: {bad}" if bad else ""), flush=True)
         rows.append(res)
-        del A, B
+        A = B = None  # free this shape's operands before the next one
         torch.cuda.empty_cache()
     served = sorted({(p.signature, p.config) for p in sys.modules["oasr_ops.bmm"].served()})
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),

@@ -31,8 +31,9 @@ def latency_ms(fn, x, iters: int) -> float:
     return statistics.median(ts)
 
 
-def profile(model, backend: str, x, iters: int, grad: bool) -> list[dict]:
-    """Top kernels by GPU time over `iters` calls, compiled without CUDA graphs (so the profiler sees kernels)."""
+def profile(model, backend: str, x, iters: int, grad: bool, options: dict | None = None) -> list[dict]:
+    """Top kernels by GPU time over `iters` calls, compiled without CUDA graphs (so the profiler sees kernels)
+    and with the run's compile `options`."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     torch.compiler.reset()
@@ -42,7 +43,7 @@ def profile(model, backend: str, x, iters: int, grad: bool) -> list[dict]:
     else:
         from oasr_ops.inductor.backend import oasr_backend
 
-        fn = torch.compile(model, backend=oasr_backend if name == "oasr" else name)
+        fn = torch.compile(model, backend=oasr_backend if name == "oasr" else name, options=options or None)
     with torch.set_grad_enabled(grad):
         for _ in range(3):
             fn(x)
@@ -140,7 +141,7 @@ def main() -> int:
         res["runs"][backend] = {"latency_ms": lat, "first_call_s": first, "rel_err_vs_fp32": err}
         print(backend, res["runs"][backend], flush=True)
         if a.profile:
-            res["runs"][backend]["profile"] = profile(m, backend, x, a.profile, a.grad)
+            res["runs"][backend]["profile"] = profile(m, backend, x, a.profile, a.grad, options)
     res["served"] = sorted({(p.signature, p.config, p.tier) for p in served()})
     res["tuning_report"] = oasr_ops.tuning_report(print_=False) if hasattr(oasr_ops, "tuning_report") else None
     if "inductor" in res["runs"] and "oasr" in res["runs"]:
