@@ -498,6 +498,26 @@ def test_db_entry_is_baked_into_the_graph(compile_env):
     assert spy.bmm_configs == [CFG]  # what the graph hands to Inductor; the `torch` site keeps its aten.bmm
 
 
+def test_symbolic_batch_bakes_a_region_table(compile_env):
+    """Batch dynamic, T static: L = B * H is symbolic, N and K are not -> the entry's region table is baked over
+    rows = L * M; a table that is `torch` everywhere keeps the aten node."""
+    _publish({AC_SIG: [[4096, CFG], [None, "torch"]], AV_SIG: [[None, "torch"]]})
+    oasr_ops.reload_tuning()
+    model, x = _conformer(frames=1027)
+    torch._dynamo.mark_dynamic(x, 0)
+    spy = _rewrite_only(model, x)
+    sites, _ = _bmm_sites()
+    by = {(s.n, s.k): s for s in sites}
+    ac, av = by[(256, 64)], by[(64, 256)]
+    assert ac.m is None and ac.m_expr is not None and ac.m_hint == 2048
+    assert ac.config == f"regions:4096={CFG};*=torch" and ac.tier == "user"
+    assert av.config == "regions:*=torch" and av.node.endswith("(kept on aten)")
+    assert spy.bmm_configs == [ac.config]
+    from oasr_ops.library import resolve_table
+
+    assert [resolve_table(ac.config, r) for r in (2048, 4096, 4097)] == [CFG, CFG, "torch"]
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(strict=False, raises=AssertionError,
                    reason="under investigation: CPU Inductor training-graph forward with oasr.bmm gives NaN")

@@ -22,9 +22,10 @@ N or K not a multiple of 8 or not static, a weight that is not a transposed cont
 bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA.
 
 ``bmm(a [L, M, K], b [L, K, N])`` (what `torch.matmul` of attention lowers to) -> ``oasr.bmm(a, b, cfg)`` when
-the dtype is fp16/bf16, L, N and K are static, N % 8 == K % 8 == 0, and the traced strides show a K-contiguous a
+the dtype is fp16/bf16, N and K are static, N % 8 == K % 8 == 0, and the traced strides show a K-contiguous a
 and a b with N or K contiguous (op ``bmm`` / ``bmm_nn``, family ``bmm``; `oasr_ops/bmm.py`). The op carries
-`needs_fixed_stride_order`, so Inductor keeps those strides. Its M axis for selection is L * M.
+`needs_fixed_stride_order`, so Inductor keeps those strides. Its M axis for selection is L * M (symbolic when the
+batch or the sequence is: a region table is baked, as for gemm).
 
 Configs: a static M bakes `select_config(...).config` (a concrete id or a sentinel); a symbolic M bakes the
 signature's region table (`library.format_table(select.region_table(...))`), resolved per call. A table whose
@@ -467,9 +468,9 @@ def _bmm_candidate(node: torch.fx.Node) -> tuple[tuple[str, str, int, int, Any] 
         return None, f"dtype {av.dtype}/{bv.dtype} (fp16/bf16 only)"
     if av.device.type not in ("cpu", "cuda", "meta"):
         return None, f"device {av.device}"
-    el, n, k = _static_int(av.shape[0]), _static_int(bv.shape[2]), _static_int(av.shape[2])
-    if el is None or n is None or k is None:
-        return None, "bmm with symbolic L, N or K"
+    n, k = _static_int(bv.shape[2]), _static_int(av.shape[2])
+    if n is None or k is None:
+        return None, "bmm with symbolic N or K"
     if n % _ALIGN or k % _ALIGN:
         return None, f"bmm N={n} K={k} not multiples of {_ALIGN}"
     a_k, b_n, b_k = (_static_int(x) for x in (av.stride(2), bv.stride(2), bv.stride(1)))
@@ -481,7 +482,7 @@ def _bmm_candidate(node: torch.fx.Node) -> tuple[tuple[str, str, int, int, Any] 
         op = "bmm"
     else:
         return None, "bmm b has neither N nor K contiguous"
-    return (op, LOW_DTYPES[av.dtype], n, k, el * av.shape[1]), ""
+    return (op, LOW_DTYPES[av.dtype], n, k, av.shape[0] * av.shape[1]), ""
 
 
 def _bmm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch: str | None) -> None:
