@@ -216,6 +216,17 @@ def test_auto_without_entry_is_torch_and_default_is_the_lane_default(tuning_env)
     assert _rel_err(out, _ref(a, b)) < 1e-2 and _rel_err(out_d, _ref(a, b)) < 1e-2
 
 
+def test_baked_region_table_resolves_over_rows():
+    """A compiled graph with a symbolic batch bakes a table over rows = L * M: each call resolves its own."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    table = f"regions:4096={CONFIGS[1]};*=torch"
+    for el, want in ((8, CONFIGS[1]), (16, CONFIGS[1]), (17, "torch")):  # rows = el * 256
+        a, b = _inputs(el, 256, 256, 64, torch.float16, "n", gen)
+        out, served = _run(a, b, table)
+        assert served == want, (el, served)
+        assert _rel_err(out, _ref(a, b)) < 1e-2
+
+
 def test_empty_and_k_zero():
     a = torch.randn(3, 5, 0, device="cuda").half()
     b = torch.randn(3, 0, 64, device="cuda").half()
