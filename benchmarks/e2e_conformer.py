@@ -74,6 +74,9 @@ def main() -> int:
     p.add_argument("--backends", default="eager,inductor,oasr")
     p.add_argument("--quantization", default=None,
                    help="int8_w8a8: backends named NAME+int8 (e.g. oasr+int8) run the model after quantize_()")
+    p.add_argument("--quantize-only", default=None,
+                   help="comma list of layer names (the last part of the module path, e.g. fc1,qkv,pointwise1): "
+                        "quantize_ only those")
     p.add_argument("--attention", default="sdpa", help="the model's attention: sdpa | rel_pos (explicit matmuls)")
     p.add_argument("--grad", action="store_true",
                    help="run with autograd enabled (parameters require grad) instead of under torch.no_grad()")
@@ -98,12 +101,15 @@ def main() -> int:
     del ref_model
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "size": a.size, "batch": a.batch, "frames": a.frames, "mode": "reduce-overhead",
-           "attention": a.attention, "grad": a.grad, "options": options, "runs": {}}
+           "attention": a.attention, "grad": a.grad, "options": options, "quantize_only": a.quantize_only,
+           "runs": {}}
     qmodel = None
     if a.quantization:
         import copy
 
-        qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization)  # weights quantized once
+        only = set(a.quantize_only.split(",")) if a.quantize_only else None
+        qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization,  # weights quantized once
+                                    filter_fn=None if only is None else (lambda m, fqn: fqn.split(".")[-1] in only))
     for backend in a.backends.split(","):
         torch.compiler.reset()
         oasr_ops.reload_tuning()

@@ -12,6 +12,8 @@ write fp16/bf16) and casts the result back to fp32. The bias is kept in that out
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -72,19 +74,28 @@ class QuantLinear(nn.Module):
                 f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme=int8_w8a8")
 
 
-def quantize_(model: nn.Module, scheme: str = "int8_w8a8", *, config: str = "auto") -> nn.Module:
+def quantize_(model: nn.Module, scheme: str = "int8_w8a8", *, config: str = "auto",
+              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
     """Replace every qualifying `nn.Linear` of `model` (the model itself included) by a `QuantLinear`.
 
+    `filter_fn(linear, fqn)` (torchao's convention: the module and its fully qualified name) narrows the set:
+    a layer is quantized only where it returns True. Per-token quantization of a layer's input is extra work that
+    Inductor fuses into a LayerNorm producer almost for free but not into every producer (docs/perf/e2e.md), so a
+    deployment may quantize only the layers that follow a norm.
     Mutates `model` in place and returns it (a bare `nn.Linear` passed as `model` is returned converted).
     ValueError for an unknown scheme.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"quantize_: unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
+
+    def wanted(linear: nn.Module, fqn: str) -> bool:
+        return isinstance(linear, nn.Linear) and qualifies(linear) and (filter_fn is None or filter_fn(linear, fqn))
+
     if isinstance(model, nn.Linear):
-        return QuantLinear.from_linear(model, config) if qualifies(model) else model
-    for parent in list(model.modules()):
+        return QuantLinear.from_linear(model, config) if wanted(model, "") else model
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and qualifies(child):
+            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
                 setattr(parent, name, QuantLinear.from_linear(child, config))
     return model
 

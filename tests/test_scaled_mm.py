@@ -586,3 +586,24 @@ def test_heuristic_beyond_the_wave_models_range_takes_the_largest_tile():
     # ... only where it fills a wave of SMs; elsewhere, and inside the range, the model decides
     assert smm.heuristic_config(1, 8192, 8192, "sm90") != largest
     assert smm.heuristic_config(16, 512, 512, "sm90") != largest
+
+
+def test_quantize_filter_fn_selects_layers_by_fqn():
+    from torch import nn
+
+    import oasr_ops
+    from oasr_ops.quantize import QuantLinear
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.SiLU(), nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 32)))
+    seen = []
+
+    def only_nested(m, fqn):
+        seen.append(fqn)
+        return fqn.startswith("2.")
+
+    oasr_ops.quantize_(model, "int8_w8a8", filter_fn=only_nested)
+    assert sorted(seen) == ["0", "2.0", "2.1"]
+    assert isinstance(model[0], nn.Linear) and not isinstance(model[0], QuantLinear)
+    assert isinstance(model[2][0], QuantLinear) and isinstance(model[2][1], QuantLinear)
+    x = torch.randn(5, 32)
+    assert model(x).shape == (5, 32)
