@@ -1,8 +1,9 @@
 """`oasr tune prebuild`: compile kernels for `OASR_CUDA_ARCH_LIST` without a GPU.
 
 Default set: the production compile set of every gemm lane that runs on the target arch (DB references + lane
-default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every heuristic rung; fp16/bf16
-output kernels and, for data-parallel tiles, the quantizing variant) and of the native bmm lane (lane default,
+default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every tile the heuristic
+answers; fp16/bf16 output kernels and, for data-parallel tiles, the quantizing variant) and of the native bmm
+lane (lane default,
 coverage basis and DB references, both B layouts); `--all` the whole spaces; `--configs ID ...` exactly those gemm
 configs. `--family gemm|scaled_mm|bmm` narrows to one family.
 """
