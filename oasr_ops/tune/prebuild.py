@@ -3,9 +3,8 @@
 Default set: the production compile set of every gemm lane that runs on the target arch (DB references + lane
 default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every tile the heuristic
 answers; fp16/bf16 output kernels and, for data-parallel tiles, the quantizing variant) and of the native bmm
-lane (lane default,
-coverage basis and DB references, both B layouts); `--all` the whole spaces; `--configs ID ...` exactly those gemm
-configs. `--family gemm|scaled_mm|bmm` narrows to one family.
+lane (lane default, coverage basis and DB references, both B layouts); `--all` the whole spaces; `--configs ID
+...` exactly those gemm configs. `--family gemm|scaled_mm|bmm` narrows to one family.
 """
 from __future__ import annotations
 
