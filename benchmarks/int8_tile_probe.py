@@ -45,7 +45,7 @@ def main() -> int:
     from scaled_mm import time_graph
 
     smm = sys.modules["oasr_ops.scaled_mm"]
-    kern = smm._load_smm(spec)
+    kern = smm.load_kernel(spec)
     m = n = k = 8192
     q = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
     w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)

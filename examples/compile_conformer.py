@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="sdpa", help="sdpa | rel_pos (explicit matmuls: oasr.bmm sites)")
     args = p.parse_args(argv)
 
-    kw = {"attention": args.attention} if args.layers is None else {"num_layers": args.layers,
-                                                                     "attention": args.attention}
+    kw = {"attention": args.attention, **({} if args.layers is None else {"num_layers": args.layers})}
     model = build_model(args.size, dtype=args.dtype, device=args.device, **kw)
     (x,) = example_inputs(args.batch, args.frames, dtype=args.dtype, device=args.device)
     mode = args.mode or ("reduce-overhead" if args.device.startswith("cuda") else None)

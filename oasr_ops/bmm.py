@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .configs import AUTO, SENTINELS, Config, ConfigError, parse
-from .codegen.jit import KernelCache
-from .library import _TABLE_PREFIX, Plan, PlanCache, parse_table, resolve_table
+from .configs import AUTO, Config, parse
+from .codegen.jit import KernelCache, KernelLibrary, load_launcher
+from .library import _TABLE_PREFIX, Plan, PlanCache, resolve_table
+from .library import check_config_arg as _check_config_arg
 from .tune import database as _database
 
 FAMILY = "bmm"
@@ -64,32 +63,16 @@ def _check(a, b) -> None:
         raise ValueError(f"oasr.bmm: a is on {a.device}, b on {b.device}")
 
 
-def _check_id(config: str) -> None:
+def _bmm_lane_reason(cfg: Config) -> str | None:
     from .codegen.lanes import LANES
 
-    try:
-        cfg = parse(config)
-    except ConfigError as e:
-        raise ValueError(f"oasr.bmm: unknown config {config!r}: {e}") from None
-    if not any(cfg in lane.space for lane in LANES.values() if lane.family == FAMILY):
-        raise ValueError(f"oasr.bmm: config {config!r} is in no bmm lane")
+    return None if any(cfg in l.space for l in LANES.values() if l.family == FAMILY) else "is in no bmm lane"
 
 
 def check_config_arg(config: str) -> None:
     """ValueError unless `config` is auto, a sentinel, a bmm lane's config id or a region table of those (the same
     rule on CPU and CUDA and in the fake, whatever the GPU)."""
-    if config == AUTO or config in SENTINELS:
-        return
-    if config.startswith(_TABLE_PREFIX):
-        try:
-            regions = parse_table(config)
-        except ValueError as e:
-            raise ValueError(f"oasr.bmm: {str(e).removeprefix('oasr.gemm: ')}") from None
-        for _hi, cfg in regions:
-            if cfg not in SENTINELS:
-                _check_id(cfg)
-        return
-    _check_id(config)
+    _check_config_arg(config, FAMILY, _bmm_lane_reason)
 
 
 def b_major(b: torch.Tensor) -> str:
@@ -167,50 +150,24 @@ def _bmm_fake(a, b, config):
 # ----------------------------------------------------------------------------------------------------------
 # kernels
 
-@dataclass
-class BmmKernel:
-    path: Path
-    describe: str
-    run: Callable = field(repr=False)
-    can_implement: Callable = field(repr=False)
-    workspace_size: Callable = field(repr=False)
-
-
 _KERNELS = KernelCache()
 
 
-def get_kernel(lane, config: Config, variant: str, arch: str) -> BmmKernel:
+def get_kernel(lane, config: Config, variant: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one bmm kernel. Raises BuildError / LoadError (remembered)."""
     from .codegen.jit import JitSpec
 
     return _KERNELS.get((lane.name, config.id, variant, arch),
-                        lambda: _load_bmm(JitSpec.for_kernel(lane, config, variant, arch)))
+                        lambda: load_kernel(JitSpec.for_kernel(lane, config, variant, arch)))
 
 
-def _load_bmm(spec) -> BmmKernel:
-    from .codegen.jit import LoadError
+def load_kernel(spec) -> KernelLibrary:
+    """The bmm launcher (``oasr_bmm_*``: L, M, N, K and the leading/batch strides) of a built kernel."""
     from .codegen.render import BMM_ABI_VERSION
 
-    generic = spec.load()  # builds if needed; checks the shared launcher ABI
-    cdll = ctypes.CDLL(str(generic.path))
-    try:
-        version = cdll.oasr_bmm_abi_version()
-        if version != BMM_ABI_VERSION:
-            raise LoadError(f"{generic.path} has bmm launcher ABI {version}, expected {BMM_ABI_VERSION}")
-        p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-        shape = [i, i, i, i, ll, ll, ll, ll]
-        run = cdll.oasr_bmm_run
-        run.argtypes = [p, p, p, *shape, p, ctypes.c_size_t, p]
-        run.restype = i
-        can = cdll.oasr_bmm_can_implement
-        can.argtypes = shape
-        can.restype = i
-        ws = cdll.oasr_bmm_workspace_size
-        ws.argtypes = shape
-        ws.restype = ctypes.c_size_t
-    except AttributeError as e:
-        raise LoadError(f"{generic.path} does not export the bmm C ABI: {e}") from None
-    return BmmKernel(generic.path, generic.describe, run, can, ws)
+    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    shape = [i, i, i, i, ll, ll, ll, ll]
+    return load_launcher(spec, "bmm", BMM_ABI_VERSION, [p, p, p, *shape, p, ctypes.c_size_t, p], shape)
 
 
 def native_lane(arch: str):

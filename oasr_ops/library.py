@@ -71,17 +71,28 @@ def _check_layout(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
                              "call .contiguous() first")
 
 
-def check_config_arg(config: str) -> None:
-    """ValueError unless `config` is auto, a sentinel, a parseable id or a well-formed region table."""
+def check_config_arg(config: str, op: str = "gemm", check_id: Callable[[Config], str | None] | None = None) -> None:
+    """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, a parseable id or a well-formed region
+    table; `check_id(cfg)` says why a parsed id is not one of the op's family (None: it is). Shared by every op."""
+    if not isinstance(config, str):
+        raise ValueError(f"oasr.{op}: config must be a string")
     if config == AUTO or config in SENTINELS:
         return
     if config.startswith(_TABLE_PREFIX):
-        parse_table(config)
-        return
-    try:
-        parse(config)
-    except ConfigError as e:
-        raise ValueError(f"oasr.gemm: unknown config {config!r}: {e}") from None
+        try:
+            ids = [cid for _hi, cid in parse_table(config) if cid not in SENTINELS]
+        except ValueError as e:
+            raise ValueError(f"oasr.{op}: {e}") from None
+    else:
+        ids = [config]
+    for cid in ids:
+        try:
+            cfg = parse(cid)
+        except ConfigError as e:
+            raise ValueError(f"oasr.{op}: unknown config {cid!r}: {e}") from None
+        why = check_id(cfg) if check_id is not None else None
+        if why:
+            raise ValueError(f"oasr.{op}: config {cid!r} {why}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -100,12 +111,12 @@ def parse_table(table: str) -> tuple[tuple[int | None, str], ...]:
     for part in table[len(_TABLE_PREFIX):].split(";"):
         hi, sep, cfg = part.partition("=")
         if not sep:
-            raise ValueError(f"oasr.gemm: malformed region {part!r} in {table!r}")
+            raise ValueError(f"malformed region {part!r} in {table!r}")
         if cfg not in SENTINELS:
             try:
                 parse(cfg)
             except ConfigError as e:
-                raise ValueError(f"oasr.gemm: region table names unknown config {cfg!r}: {e}") from None
+                raise ValueError(f"region table names unknown config {cfg!r}: {e}") from None
         out.append((None if hi == "*" else int(hi), cfg))
     return tuple(out)
 

@@ -58,22 +58,19 @@ import functools
 import os
 import threading
 import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .configs import AUTO, SENTINELS, Config, ConfigError, parse
-from .codegen.jit import KernelCache
-from .library import Plan, PlanCache, parse_table, resolve_table
+from .configs import AUTO, Config, ConfigError, parse
+from .codegen.jit import KernelCache, KernelLibrary, load_launcher
+from .library import _TABLE_PREFIX, Plan, PlanCache, check_config_arg, resolve_table
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
 OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 K_ALIGN = 16
 N_ALIGN = {"scaled_mm": 8, "scaled_mm_quant": 16}
-_TABLE_PREFIX = "regions:"
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define(
@@ -155,20 +152,6 @@ def _check_layout(op: str, *tensors: tuple[str, torch.Tensor | None]) -> None:
                              "call .contiguous() first")
 
 
-def check_config_arg(op: str, config: str) -> None:
-    if not isinstance(config, str):
-        raise ValueError(f"oasr.{op}: config must be a string")
-    if config == AUTO or config in SENTINELS:
-        return
-    if config.startswith(_TABLE_PREFIX):
-        parse_table(config)
-        return
-    try:
-        parse(config)
-    except ConfigError as e:
-        raise ValueError(f"oasr.{op}: unknown config {config!r}: {e}") from None
-
-
 # ----------------------------------------------------------------------------------------------------------
 # reference: the exact formula
 
@@ -228,13 +211,13 @@ _lib.impl("quantize_per_token", _quantize_per_token, "CompositeImplicitAutograd"
 
 def _scaled_mm_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
     _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
-    check_config_arg("scaled_mm", config)
+    check_config_arg(config, "scaled_mm")
     return reference_scaled_mm(a, w, scale_a, scale_w, bias, out_dtype)
 
 
 def _scaled_mm_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
     _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
-    check_config_arg("scaled_mm_quant", config)
+    check_config_arg(config, "scaled_mm_quant")
     return reference_scaled_mm_quant(a, w, scale_a, scale_w, bias, out_scale)
 
 
@@ -460,26 +443,17 @@ def signature(op: str, n: int, k: int) -> str:
 
 
 def production_configs(arch: str) -> list[Config]:
-    """The configs this process compiles and serves for `arch`: the lane default, the coverage basis, every tile
-    the heuristic can answer and what the tuning DB references (``OASR_GEMM_COMPILE_SET=all``: the whole lane)."""
+    """The configs this process compiles and serves for `arch`: the gemm family's rule (lane default, coverage
+    basis, what the tuning DB references; ``OASR_GEMM_COMPILE_SET=all``: the whole lane) plus every tile the
+    heuristic can answer."""
+    from .codegen.gemm_kernels import production_configs as lane_production_configs
+
     lane = _lane_for(arch)
     if lane is None:
         return []
-    if os.environ.get("OASR_GEMM_COMPILE_SET", "tuned").strip().lower() == "all":
-        return list(lane.space)
-    chosen: list[Config] = [lane.default, *lane.coverage_basis]
-    ids = list(heuristic_ids(lane))
-    try:
-        from .tune import database
-
-        ids += list(database.referenced_configs(FAMILY, arch))
-    except Exception as e:  # a broken DB never stops serving
-        _warn_once(f"oasr.scaled_mm: could not read the tuning DB's config references: {e}")
-    for cid in ids:
-        try:
-            c = parse(cid)
-        except ConfigError:
-            continue
+    chosen = lane_production_configs(lane, arch)
+    for cid in heuristic_ids(lane):
+        c = parse(cid)
         if c in lane.space and c not in chosen:
             chosen.append(c)
     return chosen
@@ -596,15 +570,6 @@ def variants_for(n: int, k: int, quant: bool, arch: str | None = None) -> list[s
 # ----------------------------------------------------------------------------------------------------------
 # kernels: the scaled_mm C launcher (oasr_smm_*) on top of the shared JIT build/load
 
-@dataclass
-class SmmKernel:
-    path: Path
-    describe: str
-    run: Callable = field(repr=False)
-    can_implement: Callable = field(repr=False)
-    workspace_size: Callable = field(repr=False)
-
-
 _KERNELS = KernelCache()
 
 
@@ -612,38 +577,22 @@ def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
     return "int8" if op == "scaled_mm_quant" else OUT_DTYPES[out_dtype]
 
 
-def get_kernel(lane, config: Config, dtype: str, arch: str) -> SmmKernel:
+def get_kernel(lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one scaled_mm kernel. Raises BuildError / LoadError (remembered)."""
     from .codegen.jit import JitSpec
 
     return _KERNELS.get((lane.name, config.id, dtype, arch),
-                        lambda: _load_smm(JitSpec.for_kernel(lane, config, dtype, arch)))
+                        lambda: load_kernel(JitSpec.for_kernel(lane, config, dtype, arch)))
 
 
-def _load_smm(spec) -> SmmKernel:
-    """The scaled_mm launcher (oasr_smm_*) of a built kernel, on top of the shared build/load."""
+def load_kernel(spec) -> KernelLibrary:
+    """The scaled_mm launcher (``oasr_smm_*``: scale pointers, per-row/per-column flags, optional bias and
+    out_scale) of a built kernel."""
     from .codegen.emit_int8 import SMM_ABI_VERSION
-    from .codegen.jit import LoadError
 
-    generic = spec.load()  # builds if needed; checks the shared launcher ABI
-    cdll = ctypes.CDLL(str(generic.path))
-    try:
-        version = cdll.oasr_smm_abi_version()
-        if version != SMM_ABI_VERSION:
-            raise LoadError(f"{generic.path} has scaled_mm launcher ABI {version}, expected {SMM_ABI_VERSION}")
-        p, i = ctypes.c_void_p, ctypes.c_int
-        run = cdll.oasr_smm_run
-        run.argtypes = [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p]
-        run.restype = i
-        can = cdll.oasr_smm_can_implement
-        can.argtypes = [i, i, i]
-        can.restype = i
-        ws = cdll.oasr_smm_workspace_size
-        ws.argtypes = [i, i, i]
-        ws.restype = ctypes.c_size_t
-    except AttributeError as e:
-        raise LoadError(f"{generic.path} does not export the scaled_mm C ABI: {e}") from None
-    return SmmKernel(generic.path, generic.describe, run, can, ws)
+    p, i = ctypes.c_void_p, ctypes.c_int
+    return load_launcher(spec, "smm", SMM_ABI_VERSION, [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p],
+                         [i, i, i])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -738,42 +687,36 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
     return Plan(cfg.id, tier, sig, run)
 
 
-def get_plan(op: str, a, w, bias, config: str, out_dtype=None, vec_flags=()) -> Plan:
+def get_plan(op: str, a, w, bias, config: str, out_dtype=None) -> Plan:
     n, k = w.shape
     m = _rows(a, k)
     key = (op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch())
     return _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
 
 
-def _scaled_mm_cuda(a, w, scale_a, scale_w, bias, out_dtype, config):
-    _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
-    _check_layout("scaled_mm", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias))
+def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
+    """Both ops' CUDA implementation: checks, the plan of (op, config, shape, DB epoch), the launch."""
+    _check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
+    _check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
+                  ("out_scale", out_scale))
     n, k = w.shape
     m = _rows(a, k)
     if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
-    plan = _plans.get(("scaled_mm", config, out_dtype, m, n, k, bias is not None, a.device, _epoch()))
+        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm" else torch.int8)
+    plan = _plans.get((op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch()))
     if plan is None:
-        check_config_arg("scaled_mm", config)
-        plan = get_plan("scaled_mm", a, w, bias, config, out_dtype)
+        check_config_arg(config, op)
+        plan = get_plan(op, a, w, bias, config, out_dtype)
     plan.calls += 1
-    return plan.run(a, w, scale_a, scale_w, bias, None)
+    return plan.run(a, w, scale_a, scale_w, bias, out_scale)
+
+
+def _scaled_mm_cuda(a, w, scale_a, scale_w, bias, out_dtype, config):
+    return _cuda("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype, None, config)
 
 
 def _scaled_mm_quant_cuda(a, w, scale_a, scale_w, bias, out_scale, config):
-    _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
-    _check_layout("scaled_mm_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
-                  ("bias", bias), ("out_scale", out_scale))
-    n, k = w.shape
-    m = _rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
-    plan = _plans.get(("scaled_mm_quant", config, None, m, n, k, bias is not None, a.device, _epoch()))
-    if plan is None:
-        check_config_arg("scaled_mm_quant", config)
-        plan = get_plan("scaled_mm_quant", a, w, bias, config, None)
-    plan.calls += 1
-    return plan.run(a, w, scale_a, scale_w, bias, out_scale)
+    return _cuda("scaled_mm_quant", a, w, scale_a, scale_w, bias, None, out_scale, config)
 
 
 _lib.impl("scaled_mm", _scaled_mm_cpu, "CPU")

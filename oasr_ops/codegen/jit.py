@@ -245,6 +245,28 @@ def _load(path: Path) -> KernelLibrary:
         return lib
 
 
+def load_launcher(spec: "JitSpec", prefix: str, abi_version: int, run_args: list, shape_args: list
+                  ) -> KernelLibrary:
+    """A kernel family's own launcher in a built kernel: ``oasr_<prefix>_{run,can_implement,workspace_size}``
+    (argument types `run_args` / `shape_args`) and ``oasr_<prefix>_abi_version`` == `abi_version`, on top of
+    `spec.load()` (which builds if needed and checks the shared ABI). Raises BuildError / LoadError."""
+    generic = spec.load()
+    cdll = ctypes.CDLL(str(generic.path))
+    try:
+        version = getattr(cdll, f"oasr_{prefix}_abi_version")()
+        if version != abi_version:
+            raise LoadError(f"{generic.path} has {prefix} launcher ABI {version}, expected {abi_version}")
+        fns = {}
+        for name, args, restype in (("run", run_args, ctypes.c_int), ("can_implement", shape_args, ctypes.c_int),
+                                    ("workspace_size", shape_args, ctypes.c_size_t)):
+            fn = getattr(cdll, f"oasr_{prefix}_{name}")
+            fn.argtypes, fn.restype = args, restype
+            fns[name] = fn
+    except AttributeError as e:
+        raise LoadError(f"{generic.path} does not export the {prefix} C ABI: {e}") from None
+    return KernelLibrary(generic.path, generic.describe, fns["run"], fns["can_implement"], fns["workspace_size"])
+
+
 class KernelCache:
     """Loaded kernels by key, for the ops' plans. `get(key, load)` calls `load()` once per key; a BuildError or
     LoadError is remembered and raised again, so a process does not retry a failing build on every call."""

@@ -48,16 +48,22 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         emitted = emit.emit_sm90(config, dtype, "OasrEVT")
     else:
         emitted = emit.emit_sm80(config, dtype, "OasrOutputOp")
+    return _render_template(lane, config, dtype, dtype, emitted)
+
+
+def _render_template(lane: Lane, config: Config, label: str, dtype: str, emitted, **extra) -> str:
+    """The fp16/bf16 lanes' template around an emitted kernel; `label` is the variant the source names."""
     return _env().get_template(lane.template).render(
         lane=lane.name,
         config_id=config.id,
-        dtype=dtype,
+        dtype=label,
         element=_ELEMENT[dtype],
         tile=list(config.tile),
         includes=list(emitted.includes),
         definition=emitted.definition,
         operation_name=emitted.operation_name,
         abi_version=ABI_VERSION,
+        **extra,
     )
 
 
@@ -76,16 +82,4 @@ def _render_bmm(lane: Lane, config: Config, variant: str) -> str:
 
     layout = emit.L.LayoutType.ColumnMajor if b_major == "k" else emit.L.LayoutType.RowMajor
     emitted = emit.emit_sm90(config, dtype, "OasrEVT", b_layout=layout)
-    return _env().get_template(lane.template).render(
-        lane=lane.name,
-        config_id=config.id,
-        dtype=variant,
-        b_major=b_major,
-        element=_ELEMENT[dtype],
-        tile=list(config.tile),
-        includes=list(emitted.includes),
-        definition=emitted.definition,
-        operation_name=emitted.operation_name,
-        abi_version=ABI_VERSION,
-        bmm_abi_version=BMM_ABI_VERSION,
-    )
+    return _render_template(lane, config, variant, dtype, emitted, b_major=b_major, bmm_abi_version=BMM_ABI_VERSION)

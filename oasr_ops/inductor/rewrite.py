@@ -265,6 +265,23 @@ class _Candidate:
     m: Any                      # int or SymInt
 
 
+def _operands_reason(vals: tuple, n_k) -> str | None:
+    """Why fake values `vals` (the first is a) and the GEMM's (N, K) = `n_k()` keep a site on aten, or None."""
+    if not all(isinstance(t, torch.Tensor) for t in vals):
+        return "no fake value"
+    av = vals[0]
+    if av.dtype not in LOW_DTYPES or any(t.dtype != av.dtype for t in vals):
+        return f"dtype {av.dtype}/{vals[1].dtype} (fp16/bf16 only)"
+    if av.device.type not in ("cpu", "cuda", "meta"):
+        return f"device {av.device}"
+    n, k = (_static_int(x) for x in n_k())
+    if n is None or k is None:
+        return "symbolic N or K"
+    if n % _ALIGN or k % _ALIGN:
+        return f"N={n} K={k} not multiples of {_ALIGN}"
+    return None
+
+
 def _candidate(node: torch.fx.Node) -> tuple[_Candidate | None, str]:
     if _is(node, aten.mm.default):
         a, wt = node.args[0], node.args[1]
@@ -277,17 +294,10 @@ def _candidate(node: torch.fx.Node) -> tuple[_Candidate | None, str]:
     if w is None:
         return None, "weight is not a transposed contiguous 2-D parameter"
     av, wv, ov = _val(a), _val(w), _val(node)
-    if not all(isinstance(t, torch.Tensor) for t in (av, wv, ov)):
-        return None, "no fake value"
-    if av.dtype not in LOW_DTYPES or wv.dtype != av.dtype or ov.dtype != av.dtype:
-        return None, f"dtype {av.dtype}/{wv.dtype} (fp16/bf16 only)"
-    if av.device.type not in ("cpu", "cuda", "meta"):
-        return None, f"device {av.device}"
+    why = _operands_reason((av, wv, ov), lambda: (wv.shape[0], wv.shape[1]))
+    if why:
+        return None, why
     n, k = _static_int(wv.shape[0]), _static_int(wv.shape[1])
-    if n is None or k is None:
-        return None, "symbolic N or K"
-    if n % _ALIGN or k % _ALIGN:
-        return None, f"N={n} K={k} not multiples of {_ALIGN}"
     if av.dim() != 2 or not _known_contiguous(av):
         return None, "input not known to be contiguous"
     if bias is not None:
@@ -462,17 +472,10 @@ def _bmm_candidate(node: torch.fx.Node) -> tuple[tuple[str, str, int, int, Any] 
     """(op, dtype name, n, k, rows = L * M) of a rewritable bmm, or the reason it stays on aten."""
     a, b = node.args[0], node.args[1]
     av, bv = _val(a), _val(b)
-    if not isinstance(av, torch.Tensor) or not isinstance(bv, torch.Tensor):
-        return None, "no fake value"
-    if av.dtype not in LOW_DTYPES or bv.dtype != av.dtype:
-        return None, f"dtype {av.dtype}/{bv.dtype} (fp16/bf16 only)"
-    if av.device.type not in ("cpu", "cuda", "meta"):
-        return None, f"device {av.device}"
+    why = _operands_reason((av, bv), lambda: (bv.shape[2], av.shape[2]))
+    if why:
+        return None, f"bmm {why}"
     n, k = _static_int(bv.shape[2]), _static_int(av.shape[2])
-    if n is None or k is None:
-        return None, "bmm with symbolic N or K"
-    if n % _ALIGN or k % _ALIGN:
-        return None, f"bmm N={n} K={k} not multiples of {_ALIGN}"
     a_k, b_n, b_k = (_static_int(x) for x in (av.stride(2), bv.stride(2), bv.stride(1)))
     if a_k != 1:
         return None, "bmm a is not K-contiguous"
