@@ -1,7 +1,10 @@
 """Every filesystem path the package uses, resolved in one place."""
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -63,3 +66,27 @@ def cutlass_include_dirs() -> list[Path]:
     """CUTLASS headers as shipped in the nvidia-cutlass wheel (cutlass_library/source)."""
     src = Path(import_cutlass_library().__file__).resolve().parent / "source"
     return [src / "include", src / "tools" / "util" / "include"]
+
+
+# The CUDA compiler: where it is (a path, like everything here) and which release (the JIT key and the DB's
+# `nvcc` soft validator both need it).
+@functools.lru_cache(maxsize=1)
+def nvcc_path() -> str | None:
+    cand = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cand and Path(cand, "bin", "nvcc").exists():
+        return str(Path(cand, "bin", "nvcc"))
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str | None:
+    """`release X.Y, VX.Y.Z` line of `nvcc --version`, or None without nvcc."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.strip() for ln in out.splitlines() if "release" in ln or ln.startswith("Build")]
+    return " ".join(lines) or out.strip()

@@ -30,9 +30,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from ..configs import Config
-from ..paths import cutlass_include_dirs, jit_dir
-from .lanes import Lane
+from ..configs import Config, Lane
+from ..paths import cutlass_include_dirs, jit_dir, nvcc_path, nvcc_version  # noqa: F401  (re-exported)
 from .render import ABI_VERSION, render
 
 # Peak resident memory of one nvcc, measured on the CPU box (notes/cutlass.md), with headroom.
@@ -47,28 +46,6 @@ class BuildError(RuntimeError):
 
 class LoadError(RuntimeError):
     pass
-
-
-@functools.lru_cache(maxsize=1)
-def nvcc_path() -> str | None:
-    cand = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cand and Path(cand, "bin", "nvcc").exists():
-        return str(Path(cand, "bin", "nvcc"))
-    return shutil.which("nvcc")
-
-
-@functools.lru_cache(maxsize=1)
-def nvcc_version() -> str | None:
-    """`release X.Y, VX.Y.Z` line of `nvcc --version`, or None without nvcc."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        return None
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln.strip() for ln in out.splitlines() if "release" in ln or ln.startswith("Build")]
-    return " ".join(lines) or out.strip()
 
 
 @functools.lru_cache(maxsize=1)

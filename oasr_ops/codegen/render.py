@@ -9,7 +9,7 @@ import functools
 
 from ..configs import Config
 from ..paths import templates_dir
-from .lanes import Lane
+from ..configs import Lane
 
 # Bumped when the C launcher's signature changes; the loader refuses a library with another version.
 ABI_VERSION = 1
@@ -67,14 +67,32 @@ def _render_template(lane: Lane, config: Config, label: str, dtype: str, emitted
     )
 
 
+# A bmm kernel's variant (its JitSpec "dtype"): element type and B operand layout.
+B_MAJORS = ("k", "n")
+
+
+def kernel_variant(dtype: str, b_major: str) -> str:
+    """The JitSpec "dtype" of one bmm kernel: element type and B layout."""
+    if b_major not in B_MAJORS:
+        raise ValueError(f"B major must be one of {B_MAJORS}, got {b_major!r}")
+    return f"{dtype}_b{b_major}"
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """Inverse of `kernel_variant`; ValueError for anything else."""
+    dtype, sep, major = variant.rpartition("_b")
+    if not sep or major not in B_MAJORS or dtype not in ("fp16", "bf16"):
+        raise ValueError(f"bmm kernel variant {variant!r} is not <fp16|bf16>_b<k|n>")
+    return dtype, major
+
+
+
 # Version of the bmm family's launcher (`oasr_bmm_*`), checked by the loader in oasr_ops/bmm.py.
 BMM_ABI_VERSION = 1
 
 
 def _render_bmm(lane: Lane, config: Config, variant: str) -> str:
     """A bmm kernel: `variant` is ``<dtype>_b<k|n>`` (lanes/sm90_f16_bmm.py)."""
-    from .lanes.sm90_f16_bmm import split_variant
-
     dtype, b_major = split_variant(variant)
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")

@@ -13,9 +13,9 @@ batch already gives enough output tiles.
 """
 from __future__ import annotations
 
-from ...configs import parse
-from .base import Lane
-from .sm90_f16_wgmma import GEMM_DEFAULT
+from ...codegen.render import B_MAJORS, kernel_variant, split_variant  # noqa: F401  (the variant names are codegen's)
+from ...configs import Lane, parse
+from ..gemm.lanes import GEMM_DEFAULT
 
 _IDS = (
     "t64x64x64_c1x1_pp",
@@ -26,25 +26,7 @@ _IDS = (
     "t128x256x64_c1x1_coop",
 )
 SPACE = tuple(parse(i) for i in _IDS)
-B_MAJORS = ("k", "n")
-
-
-def kernel_variant(dtype: str, b_major: str) -> str:
-    """The JitSpec "dtype" of one bmm kernel: element type and B layout."""
-    if b_major not in B_MAJORS:
-        raise ValueError(f"B major must be one of {B_MAJORS}, got {b_major!r}")
-    return f"{dtype}_b{b_major}"
-
-
-def split_variant(variant: str) -> tuple[str, str]:
-    """Inverse of `kernel_variant`; ValueError for anything else."""
-    dtype, sep, major = variant.rpartition("_b")
-    if not sep or major not in B_MAJORS or dtype not in ("fp16", "bf16"):
-        raise ValueError(f"bmm kernel variant {variant!r} is not <fp16|bf16>_b<k|n>")
-    return dtype, major
-
-
-LANE = Lane(
+SM90_F16_WGMMA_BMM = Lane(
     name="sm90_f16_wgmma_bmm",
     family="bmm",
     template="sm90_bmm.cu.j2",
@@ -56,3 +38,5 @@ LANE = Lane(
     coverage_basis=(parse("t64x64x64_c1x1_pp"), parse("t128x64x64_c1x1_coop")),
     smem_bytes={"sm90": 227 * 1024},
 )
+
+LANES = (SM90_F16_WGMMA_BMM,)

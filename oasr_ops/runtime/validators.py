@@ -54,10 +54,12 @@ def impl_hash(lane_name: str | None) -> str:
     if not lane_name:
         return h.hexdigest()
     try:
-        from ..codegen.lanes import get_lane
-        from ..codegen.render import render
+        from . import registry
 
-        lane = get_lane(lane_name)
+        lane = registry.get_lane(lane_name)
+        render = registry.get(lane.family).render  # codegen's renderer, handed over by the family
+        if render is None:
+            raise LookupError(f"family {lane.family} declares no kernel renderer")
         for key in sorted({c.kernel_key().id for c in lane.space}):
             h.update(f"--{key}--\n".encode())
             h.update(render(lane, next(c for c in lane.space if c.kernel_key().id == key), "fp16").encode())
@@ -75,9 +77,7 @@ def impl_hash(lane_name: str | None) -> str:
 
 def nvcc_version() -> str | None:
     """The nvcc the JIT builds with (None without one): the soft validator for kernels built by another nvcc."""
-    from ..codegen.jit import nvcc_version as jit_nvcc_version
-
-    return jit_nvcc_version()
+    return paths.nvcc_version()
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,152 @@
+"""The kernel-family registry: every family declares itself once, as a `FamilySpec` value (torchao's idea of a
+config registered with its handler), and every generic layer — the DB reader, selection, the graph pass, build,
+prewarm, prebuild, status, the tuning report — loops over `families()` instead of naming a family.
+
+The registry lives in the runtime layer so that the per-call read path can consult it without importing any
+family; the families (``oasr_ops/families/<name>/``) fill it when `oasr_ops.families` is imported (the package's
+``__init__`` does that first). A spec holds data the runtime reads (ops, lanes, untuned policy) and callables
+that only the layers above call (op registration already happened at import; rewrite matcher, census recorder,
+candidate factory, prebuild set). The runtime calls exactly three of them: `heuristic` (the untuned answer of
+a ``heuristic`` policy), `production_ids` (which concrete ids this process may serve) and `render` (whose
+output the ``impl`` soft validator hashes).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..configs import Config, ConfigError, Lane
+
+# fn(lane, m, n, k, dtype) -> config id | None: a family's untuned shape heuristic.
+HeuristicFn = Callable[[Lane, int, int, int, Any], "str | None"]
+
+POLICIES = ("default", "heuristic", "torch")
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One kernel family.
+
+    name:            the DB family (file ``db/sm<arch>/<name>.json``, signatures ``<name>|op=...``).
+    ops:             the DB ops (signature ``op=`` values), e.g. ``("gemm", "gemm_activation")``.
+    lanes:           the family's lanes (config spaces); the native lane of an arch is the one it measures.
+    dtyped:          signatures carry ``dt=half|fp16|bf16`` (the half-precision families) or no dtype.
+    exact_points:    entries may hold exact ``"BxT"`` points before regions (conv1d, spec).
+    policy:          what an untuned shape gets: ``default`` (the native lane's default config), ``heuristic``
+                     (`heuristic`, tier ``heuristic``) or ``torch`` (cuBLAS, tier ``default``).
+    no_arch:         the answer where no arch family is known (a CPU without ``OASR_ARCH``).
+    streamk_measured_only: a Stream-K config is served only from a measured tier (user/system).
+    no_streamk_ops:  ops whose launcher has no Stream-K variant (such an entry falls back, warned once).
+    heuristic:       the ``heuristic`` policy's function.
+    production_ids:  fn(arch) -> the concrete ids this process compiles and may serve (None: any lane config).
+    render:          fn(lane, config, dtype) -> the kernel's CUDA source (codegen's renderer; the ``impl`` soft
+                     validator hashes it, so the runtime never imports codegen).
+    handlers:        the upper layers' hooks, by name (e.g. ``rewrite``, ``census``, ``candidates``,
+                     ``prebuild_specs``, ``reset_plans``); `handler()` looks one up.
+    """
+
+    name: str
+    ops: tuple[str, ...]
+    lanes: tuple[Lane, ...] = ()
+    dtyped: bool = True
+    exact_points: bool = False
+    policy: str = "default"
+    no_arch: str = "default"
+    streamk_measured_only: bool = False
+    no_streamk_ops: tuple[str, ...] = ()
+    heuristic: HeuristicFn | None = None
+    production_ids: Callable[[str], frozenset[str]] | None = None
+    render: Callable[[Lane, Config, str], str] | None = None
+    handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"family {self.name}: policy must be one of {POLICIES}, got {self.policy!r}")
+        if not self.ops:
+            raise ValueError(f"family {self.name}: no ops")
+
+    @property
+    def fallback_tier(self) -> str:
+        return "heuristic" if self.policy == "heuristic" else "default"
+
+    def handler(self, name: str) -> Callable[..., Any] | None:
+        return self.handlers.get(name)
+
+    def native_lane(self, arch: str) -> Lane | None:
+        return next((lane for lane in self.lanes if arch in lane.native_for), None)
+
+    def lanes_for(self, arch: str) -> list[Lane]:
+        """Lanes whose kernels run on `arch`, the native one first."""
+        native = self.native_lane(arch)
+        others = [lane for lane in self.lanes if arch in lane.arch_families and lane is not native]
+        return ([native] if native else []) + others
+
+
+_LOCK = threading.Lock()
+_FAMILIES: dict[str, FamilySpec] = {}
+_LANES: dict[str, Lane] = {}
+
+
+def register(spec: FamilySpec) -> FamilySpec:
+    """Add a family (once; registering the same name twice is an error unless it is the same object)."""
+    with _LOCK:
+        old = _FAMILIES.get(spec.name)
+        if old is not None and old is not spec:
+            raise ValueError(f"kernel family {spec.name!r} is already registered")
+        for lane in spec.lanes:
+            if lane.family != spec.name:
+                raise ValueError(f"lane {lane.name} serves {lane.family!r}, not {spec.name!r}")
+            if lane.name in _LANES and _LANES[lane.name] is not lane:
+                raise ValueError(f"lane {lane.name!r} is already registered")
+        _FAMILIES[spec.name] = spec
+        for lane in spec.lanes:
+            _LANES[lane.name] = lane
+    return spec
+
+
+def families() -> dict[str, FamilySpec]:
+    """Every registered family by name (registration order)."""
+    return dict(_FAMILIES)
+
+
+def get(name: str) -> FamilySpec:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel family {name!r}; known: {sorted(_FAMILIES)}") from None
+
+
+def family_ops() -> dict[str, tuple[str, ...]]:
+    return {name: spec.ops for name, spec in _FAMILIES.items()}
+
+
+def lanes() -> dict[str, Lane]:
+    """Every lane of every family, by name."""
+    return dict(_LANES)
+
+
+def get_lane(name: str) -> Lane:
+    try:
+        return _LANES[name]
+    except KeyError:
+        raise ValueError(f"unknown lane {name!r}; known: {sorted(_LANES)}") from None
+
+
+def native_lane(arch_family: str, family: str = "gemm") -> Lane | None:
+    """The lane a GPU family measures and serves `family` with by default (None if no lane runs there)."""
+    spec = _FAMILIES.get(family)
+    return spec.native_lane(arch_family) if spec is not None else None
+
+
+def lanes_for(arch_family: str, family: str = "gemm") -> list[Lane]:
+    spec = _FAMILIES.get(family)
+    return spec.lanes_for(arch_family) if spec is not None else []
+
+
+def lane_of(config: Config, arch_family: str, family: str = "gemm") -> Lane:
+    """The lane of `family` whose space holds `config` and runs on `arch_family`; ConfigError if none does."""
+    for lane in lanes_for(arch_family, family):
+        if config in lane.space:
+            return lane
+    raise ConfigError(f"config {config.id} is in no {family} lane that runs on {arch_family}")
