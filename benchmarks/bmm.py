@@ -55,9 +55,9 @@ def main() -> int:
 
     import oasr_ops  # noqa: F401
     from oasr_ops.codegen.jit import JitSpec, build_many
-    from oasr_ops.codegen.lanes import native_lane
-    from oasr_ops.codegen.lanes.sm90_f16_bmm import kernel_variant
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.registry import native_lane
+    from oasr_ops.families.bmm.lanes import kernel_variant
+    from oasr_ops.runtime.arch import current_arch_family
 
     arch = current_arch_family()
     lane = native_lane(arch, "bmm")
@@ -90,7 +90,7 @@ def main() -> int:
         rows.append(res)
         A = B = None  # free this shape's operands before the next one
         torch.cuda.empty_cache()
-    served = sorted({(p.signature, p.config) for p in sys.modules["oasr_ops.bmm"].served()})
+    served = sorted({(p.signature, p.config) for p in sys.modules["oasr_ops.families.bmm.ops"].served()})
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "lane": lane.name, "method": "CUDA graph of >= 16 calls, median of replays, cold operands",
            "wall_s": time.monotonic() - t0, "rows": rows, "served": served}

@@ -91,7 +91,7 @@ def main() -> int:
 
     import oasr_ops
     from examples.conformer import build_model, example_inputs
-    from oasr_ops.library import served
+    from oasr_ops.families.gemm.ops import served
 
     model = build_model(size=a.size, dtype=torch.float16, device="cuda", seed=0, attention=a.attention)
     x = example_inputs(batch=a.batch, frames=a.frames, dtype=torch.float16, device="cuda", seed=1)[0]

@@ -14,7 +14,7 @@ import torch
 
 import oasr_ops  # noqa: F401
 from oasr_ops.codegen.jit import JitSpec, _load
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.runtime.registry import get_lane
 from oasr_ops.configs import parse
 from oasr_ops.tune import bench
 

@@ -52,10 +52,10 @@ def measure(args) -> dict:
 
     import oasr_ops  # noqa: F401
     from oasr_ops.codegen.jit import JitSpec, build_many
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.arch import current_arch_family
     from scaled_mm import DEFAULT_ANCHORS, Problem, shapes_from_anchors, time_graph
 
-    smm = sys.modules["oasr_ops.scaled_mm"]
+    smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
     arch = current_arch_family()
     lane = smm._lane_for(arch)
     rep = build_many([JitSpec.for_kernel(lane, c, "fp16", arch) for c in lane.space], jobs=args.jobs)
@@ -87,7 +87,7 @@ def measure(args) -> dict:
 def _smm():
     import oasr_ops  # noqa: F401
 
-    return sys.modules["oasr_ops.scaled_mm"]
+    return sys.modules["oasr_ops.families.scaled_mm.ops"]
 
 
 def _is_dp(cid: str) -> bool:

@@ -27,9 +27,9 @@ def measure(args) -> None:
     import torch
 
     import oasr_ops  # noqa: F401
-    from oasr_ops.codegen.gemm_kernels import lanes_for
+    from oasr_ops.families.gemm.kernels import lanes_for
     from oasr_ops.tune import bench
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.arch import current_arch_family
 
     arch = current_arch_family()
     lanes = lanes_for(arch)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def probe_spec(tile: str):
     import oasr_ops  # noqa: F401
     from oasr_ops.codegen.jit import JitSpec
-    from oasr_ops.codegen.lanes import get_lane
+    from oasr_ops.runtime.registry import get_lane
     from oasr_ops.configs import parse
 
     lane = get_lane("sm90_int8_wgmma")
@@ -44,7 +44,7 @@ def main() -> int:
 
     from scaled_mm import time_graph
 
-    smm = sys.modules["oasr_ops.scaled_mm"]
+    smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
     kern = smm.load_kernel(spec)
     m = n = k = 8192
     q = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)

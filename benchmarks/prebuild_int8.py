@@ -2,7 +2,7 @@
 import sys
 
 from oasr_ops.codegen.jit import JitSpec, build_many
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.runtime.registry import get_lane
 
 ARCH = "sm90"
 lane, sm80 = get_lane("sm90_int8_wgmma"), get_lane("sm80_int8_mma")

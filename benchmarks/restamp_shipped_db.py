@@ -11,7 +11,7 @@ import sys
 
 from oasr_ops.tune import database
 from oasr_ops.tune.build import BuildOptions, entries_from_log
-from oasr_ops.tune.validators import impl_hash
+from oasr_ops.runtime.validators import impl_hash
 
 for family, log, gpu_file, lane, fallback in (
         ("gemm", "benchmarks/logs/sm90_gemm_build.jsonl", sys.argv[1], "sm90_f16_wgmma", "torch"),

@@ -114,7 +114,7 @@ class Problem:
 
 
 def served_config(p: Problem, config: str) -> str:
-    smm = sys.modules["oasr_ops.scaled_mm"]
+    smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
     plan = smm.get_plan("scaled_mm", p.q, p.w[0], None, config, torch.float16)
     return f"{plan.config} ({plan.tier})"
 
@@ -161,9 +161,9 @@ def main() -> int:
     flops = 2 * 8192 ** 3
     arms = {"oasr_auto": p.oasr("auto"), "oasr_heuristic": p.oasr("heuristic"),
             "int_mm_only": p.int_mm_only(), "int_mm_dequant": p.int_mm_dequant(), "fp16_cublas": p.fp16()}
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.arch import current_arch_family
 
-    lane = sys.modules["oasr_ops.scaled_mm"]._lane_for(current_arch_family())
+    lane = sys.modules["oasr_ops.families.scaled_mm.ops"]._lane_for(current_arch_family())
     for c in (lane.space if lane is not None else ()):  # every tile: what the heuristic leaves on the table here
         arms[f"tile:{c.id}"] = p.oasr(c.id)
     for name, fn in arms.items():

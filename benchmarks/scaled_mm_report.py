@@ -58,7 +58,7 @@ def main() -> int:
             fill[(r["signature"], r["m"])] = r.get("fill", False)
     import importlib
 
-    smm = importlib.import_module("oasr_ops.scaled_mm")
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
     sel = db_selector(load_db_entries(a.db), miss="heuristic")
     reg_h, reg_db, gain = [], [], []
     for key, row in t.items():

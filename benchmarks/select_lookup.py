@@ -32,7 +32,7 @@ def main() -> int:
     import torch
 
     from oasr_ops.tune import database as db
-    from oasr_ops.tune import select as sel
+    from oasr_ops.runtime import select as sel
 
     ids = ["t64x64x64_c1x1_pp", "t64x128x64_c1x1_pp", "t128x128x64_c1x1_coop", "t128x256x64_c1x1_coop"]
     entries = {f"gemm|op=gemm|dt=half|N={n}|K=256": {"regions": [[16, ids[0]], [128, ids[1]], [1024, ids[2]],

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `examples` impor
 
 import oasr_ops  # noqa: E402
 from examples.conformer import build_model, example_inputs  # noqa: E402
-from oasr_ops import library  # noqa: E402
+from oasr_ops.families.gemm import ops as library  # noqa: E402
 from oasr_ops.inductor.rewrite import rewrite_log  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             m = s.m if s.m is not None else "symbolic"
             where = " (kept as the aten node: cuBLAS)" if s.config in ("torch", "regions:*=torch") else ""
             print(f"  {n:3d} x {s.signature} M={m}: {s.config} [{s.tier}]{where}")
-    plans = [*library.served(), *sys.modules["oasr_ops.scaled_mm"].served(), *sys.modules["oasr_ops.bmm"].served()]
+    plans = [*library.served(), *sys.modules["oasr_ops.families.scaled_mm.ops"].served(), *sys.modules["oasr_ops.families.bmm.ops"].served()]
     if plans:
         print("kernels that served (CUDA plans):")
         for pl in plans:

@@ -10,7 +10,7 @@ import time
 import torch
 
 import oasr_ops
-from oasr_ops.library import served
+from oasr_ops.families.gemm.ops import served
 
 
 def main() -> None:
@@ -18,9 +18,9 @@ def main() -> None:
     device = "cuda" if cuda else "cpu"
     dtype = torch.float16 if cuda else torch.bfloat16
     if cuda:
-        from oasr_ops.codegen.gemm_kernels import lanes_for, production_configs, specs_for
+        from oasr_ops.families.gemm.kernels import lanes_for, production_configs, specs_for
         from oasr_ops.codegen.jit import build_many
-        from oasr_ops.tune.arch import current_arch_family
+        from oasr_ops.runtime.arch import current_arch_family
 
         arch = current_arch_family()
         specs = [s for lane in lanes_for(arch)[:1] for s in specs_for(lane, production_configs(lane, arch),

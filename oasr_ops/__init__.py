@@ -5,13 +5,11 @@ import os as _os
 
 __version__ = "0.1.0"
 
-from . import library  # noqa: F401,E402  (registers torch.ops.oasr.gemm)
+from . import families  # noqa: F401,E402  (registers every kernel family and its torch.ops.oasr.* ops)
 from .configs import SENTINELS, Config, parse  # noqa: F401,E402
+from .families.bmm.ops import bmm  # noqa: F401,E402
+from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .quantize import QuantLinear, quantization_report, quantize_  # noqa: F401,E402
-# int8 W8A8: registers torch.ops.oasr.scaled_mm / scaled_mm_quant / quantize_per_token. The attribute
-# `oasr_ops.scaled_mm` is the function; the module is sys.modules["oasr_ops.scaled_mm"].
-from .scaled_mm import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
-from .bmm import bmm  # noqa: F401,E402  (registers torch.ops.oasr.bmm)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 
 

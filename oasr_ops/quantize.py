@@ -103,8 +103,8 @@ def quantize_(model: nn.Module, scheme: str = "int8_w8a8", *, config: str = "aut
 def quantization_report(model: nn.Module, arch: str | None = None) -> str:
     """One line: ``scaled_mm: 96 quantized layer(s) over 5 signature(s): 96 with a tuning entry (system=96), 0 on
     the shape heuristic`` — whether each layer's signature has an entry in the user/system tier for `arch`."""
-    from .tune import database
-    from .tune.arch import current_arch_family, normalize_arch
+    from .runtime import database
+    from .runtime.arch import current_arch_family, normalize_arch
 
     a = normalize_arch(arch) if arch else current_arch_family()
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]

@@ -51,17 +51,13 @@ def reload_tuning() -> int:
     """
     import torch
 
-    import sys
-
-    from . import library
-    from .tune import database
+    from .runtime import database, registry
 
     epoch = database.reload()
-    library.reset_plans()
-    for fam in ("oasr_ops.scaled_mm", "oasr_ops.bmm"):  # the other families' plan caches (keyed by epoch too)
-        mod = sys.modules.get(fam)
-        if mod is not None:
-            mod.reset_plans()
+    for spec in registry.families().values():  # every family's plan cache (keyed by epoch too)
+        reset = spec.handler("reset_plans")
+        if reset is not None:
+            reset()
     torch.compiler.reset()
     return epoch
 
@@ -76,7 +72,7 @@ def prewarm(model: Any, example_inputs: Any, tuning: TuningConfig | None = None,
 def family_lines(epoch: int | None = None) -> list[str]:
     """One line per kernel family over the graphs the backend rewrote in the current DB epoch."""
     from .inductor.rewrite import rewrite_log
-    from .tune import database
+    from .runtime import database
 
     ep = database.epoch() if epoch is None else epoch
     fams: dict[str, dict[str, Any]] = {}
@@ -103,7 +99,7 @@ def family_lines(epoch: int | None = None) -> list[str]:
 
 def tuning_report(print_: bool = True) -> str:
     """The selector's per-tier report, then one line per family for the compiled graphs; printed and returned."""
-    from .tune import select
+    from .runtime import select
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

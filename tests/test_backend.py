@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import oasr_ops
-from oasr_ops import library, paths
+from oasr_ops import paths
+from oasr_ops.runtime import plans as library
 from oasr_ops.inductor import rewrite
 from oasr_ops.inductor.backend import _config_patches, oasr_backend
 from oasr_ops.inductor.capture import GemmRecorder

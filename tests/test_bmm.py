@@ -15,15 +15,15 @@ import torch
 
 import oasr_ops
 from oasr_ops.codegen.jit import JitSpec
-from oasr_ops.codegen.lanes import get_lane, native_lane
-from oasr_ops.codegen.lanes.sm90_f16_bmm import kernel_variant, split_variant
+from oasr_ops.runtime.registry import get_lane, native_lane
+from oasr_ops.families.bmm.lanes import kernel_variant, split_variant
 from oasr_ops.codegen.render import BMM_ABI_VERSION, render
 from oasr_ops.inductor import rewrite
 from oasr_ops.inductor.backend import oasr_backend
 from oasr_ops.tune import database
-from oasr_ops.tune import validators as val
+from oasr_ops.runtime import validators as val
 
-bm = sys.modules["oasr_ops.bmm"]  # the attribute `oasr_ops.bmm` is the function
+bm = sys.modules["oasr_ops.families.bmm.ops"]  # the attribute `oasr_ops.bmm` is the function
 LANE = get_lane("sm90_f16_wgmma_bmm")
 GEMM_LANE = get_lane("sm90_f16_wgmma")
 DTYPES = (torch.float16, torch.bfloat16)
@@ -304,7 +304,7 @@ def test_select_falls_back_to_torch(tuning_env):
     assert s.signature == "bmm|op=bmm_nn|dt=fp16|N=256|K=64"
     s = bm.select_config(torch.bfloat16, "k", 256, 64, 2048, arch="sm90")
     assert (s.config, s.tier, s.signature) == ("torch", "default", "bmm|op=bmm|dt=bf16|N=256|K=64")
-    from oasr_ops.tune import select
+    from oasr_ops.runtime import select
 
     assert select.region_table("bmm", "bmm_nn", "fp16", 256, 64, "sm90") == [[None, "torch"]]
 
@@ -513,7 +513,7 @@ def test_symbolic_batch_bakes_a_region_table(compile_env):
     assert ac.config == f"regions:4096={CFG};*=torch" and ac.tier == "user"
     assert av.config == "regions:*=torch" and av.node.endswith("(kept on aten)")
     assert spy.bmm_configs == [ac.config]
-    from oasr_ops.library import resolve_table
+    from oasr_ops.families.gemm.ops import resolve_table
 
     assert [resolve_table(ac.config, r) for r in (2048, 4096, 4097)] == [CFG, CFG, "torch"]
 

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import oasr_ops
-from oasr_ops.codegen.lanes import get_lane
-from oasr_ops.codegen.lanes.sm90_f16_bmm import kernel_variant
+from oasr_ops.runtime.registry import get_lane
+from oasr_ops.families.bmm.lanes import kernel_variant
 from oasr_ops.inductor import rewrite
 from oasr_ops.tune import database
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-bm = sys.modules["oasr_ops.bmm"]
+bm = sys.modules["oasr_ops.families.bmm.ops"]
 LANE = get_lane("sm90_f16_wgmma_bmm")
 CONFIGS = [c.id for c in LANE.space]
 DTYPES = (torch.float16, torch.bfloat16)
@@ -34,7 +34,7 @@ ELS = (1, 8)
 
 
 def _arch():
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.arch import current_arch_family
 
     return current_arch_family()
 

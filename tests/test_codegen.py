@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from oasr_ops.codegen import jit
-from oasr_ops.codegen.gemm_kernels import production_configs, specs_for
+from oasr_ops.families.gemm.kernels import production_configs, specs_for
 from oasr_ops.codegen.jit import BuildError, JitSpec, build_many
-from oasr_ops.codegen.lanes import LANES, get_lane
+from oasr_ops.runtime.registry import LANES, get_lane
 from oasr_ops.codegen.render import render
 from oasr_ops.configs import parse
 

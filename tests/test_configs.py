@@ -1,7 +1,7 @@
 """Config ids round-trip; lanes declare rich, valid spaces; feasibility rules."""
 import pytest
 
-from oasr_ops.codegen.lanes import LANES, get_lane, native_lane
+from oasr_ops.runtime.registry import LANES, get_lane, native_lane
 from oasr_ops.configs import SENTINELS, Config, ConfigError, parse
 
 

@@ -13,10 +13,10 @@ import warnings
 import pytest
 
 from oasr_ops.configs import parse
-from oasr_ops.tune import arch as arch_mod
+from oasr_ops.runtime import arch as arch_mod
 from oasr_ops.tune import database as db
 from oasr_ops.tune import status as status_mod
-from oasr_ops.tune import validators as val
+from oasr_ops.runtime import validators as val
 
 LANE = "sm90_f16_wgmma"
 A, B, C, D = "t64x64x64_c1x1_pp", "t128x128x64_c1x1_coop", "t64x128x64_c1x1_pp", "t128x256x64_c1x1_coop"
@@ -450,13 +450,17 @@ def test_diff_cli(env, tmp_path, capsys):
 
 
 def test_impl_hash_follows_the_rendered_kernels(monkeypatch):
-    from oasr_ops.codegen import render as render_mod
+    import dataclasses
+
+    from oasr_ops.runtime import registry
 
     val.impl_hash.cache_clear()
     a = val.impl_hash("sm80_f16_mma")
     assert a == val.impl_hash("sm80_f16_mma") != val.impl_hash("sm90_f16_wgmma")
-    real = render_mod.render
-    monkeypatch.setattr(render_mod, "render", lambda lane, c, dt: real(lane, c, dt) + "// changed\n")
+    spec = registry.get("gemm")
+    real = spec.render  # the renderer the family hands the registry (codegen's)
+    changed = dataclasses.replace(spec, render=lambda lane, c, dt: real(lane, c, dt) + "// changed\n")
+    monkeypatch.setitem(registry._FAMILIES, "gemm", changed)
     val.impl_hash.cache_clear()
     assert val.impl_hash("sm80_f16_mma") != a  # any change to a kernel's source (templates, includes) counts
     monkeypatch.undo()

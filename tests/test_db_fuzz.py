@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.runtime.registry import get_lane
 from oasr_ops.configs import SENTINELS, parse
 from oasr_ops.tune import database as db
-from oasr_ops.tune import select as sel
-from oasr_ops.tune import validators as val
+from oasr_ops.runtime import select as sel
+from oasr_ops.runtime import validators as val
 
 LANE = "sm90_f16_wgmma"
 SPACE = set(get_lane(LANE).ids()) | set(SENTINELS)

@@ -23,8 +23,8 @@ ACTS = ("none", "relu", "gelu", "silu")
 def _configs():
     if not torch.cuda.is_available():
         return []
-    from oasr_ops.codegen.gemm_kernels import lanes_for
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.families.gemm.kernels import lanes_for
+    from oasr_ops.runtime.arch import current_arch_family
 
     only = {c for c in os.environ.get("OASR_TEST_CONFIGS", "").split(",") if c}
     out = []
@@ -65,7 +65,7 @@ def test_config_correct(lane_name, config_id):
                         checked += 1
                         if not (err < 1e-2):  # NaN-safe
                             failures.append(f"{dtype} M={m} N={n} K={k} bias={b is not None} {act}: rel err {err}")
-    from oasr_ops.library import served
+    from oasr_ops.families.gemm.ops import served
 
     ran = {p.config for p in served()}
     assert config_id in ran, f"{config_id} never served a call (fell back to torch?): {ran}"
@@ -73,8 +73,8 @@ def test_config_correct(lane_name, config_id):
 
 
 def test_cuda_graph_capture_replay():
-    from oasr_ops.codegen.lanes import native_lane
-    from oasr_ops.tune.arch import current_arch_family
+    from oasr_ops.runtime.registry import native_lane
+    from oasr_ops.runtime.arch import current_arch_family
 
     cfg = native_lane(current_arch_family()).default.id
     a = torch.randn(100, 512, dtype=torch.float16, device="cuda")

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import oasr_ops
-from oasr_ops.library import format_table, parse_table, resolve_table
+from oasr_ops.families.gemm.ops import format_table, parse_table, resolve_table
 
 
 def _inputs(m=17, n=64, k=32, dtype=torch.bfloat16, seed=0):

@@ -1,6 +1,6 @@
 """`oasr tune prebuild` plans the production set of both kernel families without a GPU."""
-from oasr_ops.codegen.gemm_kernels import production_configs
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.families.gemm.kernels import production_configs
+from oasr_ops.runtime.registry import get_lane
 from oasr_ops.tune.prebuild import plan_specs
 
 

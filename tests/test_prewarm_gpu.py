@@ -9,7 +9,7 @@ from torch import nn
 import oasr_ops
 from oasr_ops import paths
 from oasr_ops.inductor.backend import oasr_backend
-from oasr_ops.tune import select
+from oasr_ops.runtime import select
 
 pytestmark = pytest.mark.gpu
 

@@ -13,12 +13,12 @@ from torch import nn
 import oasr_ops
 from oasr_ops import paths
 from oasr_ops.codegen.emit_int8 import OUT_DTYPES
-from oasr_ops.codegen.lanes import LANES, get_lane
+from oasr_ops.runtime.registry import LANES, get_lane
 from oasr_ops.codegen.render import render
 from oasr_ops.quantize import QuantLinear, quantization_report, quantize_
 from oasr_ops.tune import database as db
 
-smm = sys.modules["oasr_ops.scaled_mm"]
+smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
 
 SM90 = get_lane("sm90_int8_wgmma")
 SM80 = get_lane("sm80_int8_mma")
@@ -53,7 +53,7 @@ def test_lanes_registered():
     assert len(SM90.space) == 9
     assert sum(c.kernel_schedule == "streamk" for c in SM90.space) == 2
     assert all(c.tile[2] == 128 for c in SM90.space)
-    from oasr_ops.codegen.lanes import native_lane
+    from oasr_ops.runtime.registry import native_lane
 
     assert native_lane("sm90", "scaled_mm") is SM90 and native_lane("sm89", "scaled_mm") is SM80
     assert native_lane("sm90").name == "sm90_f16_wgmma"  # the gemm family is unchanged
@@ -252,7 +252,7 @@ QSIG = "scaled_mm|op=scaled_mm_quant|N=768|K=256"
 
 
 def test_fallback_plugin_gives_the_ladder(tiers):
-    from oasr_ops.tune import select as tsel
+    from oasr_ops.runtime import select as tsel
 
     tsel.register_fallback("scaled_mm", smm._fallback_plugin)
     db.reload()
@@ -293,7 +293,7 @@ def _write_raw(root, entries):
     """A file written by hand (publish refuses a Stream-K region for a quantizing op)."""
     import json
 
-    from oasr_ops.tune import validators as val
+    from oasr_ops.runtime import validators as val
 
     doc = {"schema": 2, "kernel_family": "scaled_mm", "arch_family": "sm90", "lane": SM90.name,
            "validators": val.current_soft_validators(SM90.name), "configs": {}, "entries": entries}
@@ -324,7 +324,7 @@ def test_stream_k_only_from_measured_entries(tiers, monkeypatch):
             assert SM90.get(smm.heuristic_config(m, n, k, "sm90")).kernel_schedule != "streamk"
             assert SM80.get(smm.heuristic_config(m, n, k, "sm80")).kernel_schedule == "multistage"
     # a plug-in (e.g. a cost model) naming Stream-K is not a measured entry: skipped
-    from oasr_ops.tune import select as tsel
+    from oasr_ops.runtime import select as tsel
 
     tsel.register_fallback("scaled_mm", lambda lane, m, n, k, dt: SK)
     db.reload()
@@ -577,7 +577,7 @@ def test_quantize_half_model_and_report(tiers):
 def test_heuristic_beyond_the_wave_models_range_takes_the_largest_tile():
     import sys
 
-    smm = sys.modules["oasr_ops.scaled_mm"]
+    smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
     model = smm._INT8_WAVE_MODEL["sm90_int8_wgmma"]
     largest = max(model, key=lambda c: smm._tile_mn(c)[0] * smm._tile_mn(c)[1])
     m_max, n_max, k_max = smm._WAVE_MODEL_RANGE["sm90_int8_wgmma"]

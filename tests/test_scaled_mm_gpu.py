@@ -19,10 +19,10 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU CI never selects gpu
 
 import oasr_ops  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
-from oasr_ops.codegen.lanes import get_lane  # noqa: E402
-from oasr_ops.tune.arch import current_arch_family  # noqa: E402
+from oasr_ops.runtime.registry import get_lane  # noqa: E402
+from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 
-smm = sys.modules["oasr_ops.scaled_mm"]
+smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
 ARCH = current_arch_family()
 SM90 = get_lane("sm90_int8_wgmma")
 SM80 = get_lane("sm80_int8_mma")

@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 
-from oasr_ops.codegen.lanes import native_lane
+from oasr_ops.runtime.registry import native_lane
 from oasr_ops.tune import database as db
-from oasr_ops.tune import select as sel
-from oasr_ops.tune import validators as val
+from oasr_ops.runtime import select as sel
+from oasr_ops.runtime import validators as val
 
 LANE = "sm90_f16_wgmma"
 DEFAULT = native_lane("sm90").default.id

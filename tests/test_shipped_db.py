@@ -6,7 +6,8 @@ import warnings
 import pytest
 
 from oasr_ops import paths
-from oasr_ops.tune import database, select
+from oasr_ops.runtime import select
+from oasr_ops.tune import database
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ ENV = "OASR_CAPTURE_GEMM"
 
 
 def _key(args: tuple, kwargs: dict) -> tuple[str, str, int] | None:
-    from ..tune import database
+    from ..runtime import database
 
     a, w = args[0], args[1]
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):

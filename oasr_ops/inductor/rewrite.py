@@ -310,8 +310,8 @@ def _candidate(node: torch.fx.Node) -> tuple[_Candidate | None, str]:
 
 def _bake(family: str, op: str, dtype: str, n: int, k: int, m: int | None, arch: str | None) -> tuple[str, str, str]:
     """(config string, tier, signature) to put into the graph."""
-    from ..library import format_table
-    from ..tune import select
+    from ..runtime.plans import format_table
+    from ..runtime import select
 
     if m is not None:
         s = select.select_config(family, op, dtype, n, k, m, arch)
@@ -328,8 +328,8 @@ def _bake(family: str, op: str, dtype: str, n: int, k: int, m: int | None, arch:
 
 def _table_tier(family: str, op: str, dtype: str, n: int, k: int, arch: str | None) -> str:
     """For a baked table: the highest DB tier with an entry for the signature, else the fallback tier."""
-    from ..tune import database
-    from ..tune.arch import current_arch_family, normalize_arch
+    from ..runtime import database
+    from ..runtime.arch import current_arch_family, normalize_arch
 
     a = normalize_arch(arch) if arch else current_arch_family()
     if a is not None:
@@ -339,7 +339,7 @@ def _table_tier(family: str, op: str, dtype: str, n: int, k: int, arch: str | No
 
 
 def _signature(family: str, op: str, dtype: str, n: int, k: int) -> str:
-    from ..tune import database
+    from ..runtime import database
 
     return database.signature(family, op, dtype, n, k)
 
@@ -376,7 +376,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
     """
     res = RewriteResult()
     if bake:
-        from ..tune import database
+        from ..runtime import database
         res.epoch = database.epoch()
     gemm_op = torch.ops.oasr.gemm.default
     for node in list(graph.nodes):
@@ -440,7 +440,7 @@ def _scaled_mm_sites(graph: torch.fx.Graph, res: RewriteResult, bake: bool, arch
     (symbolic M), exactly as for gemm."""
     import importlib
 
-    smm = importlib.import_module("oasr_ops.scaled_mm")
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
     ops = {torch.ops.oasr.scaled_mm.default: "scaled_mm", torch.ops.oasr.scaled_mm_quant.default: "scaled_mm_quant"}
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in ops:
@@ -526,14 +526,14 @@ _SOURCES = (Path(__file__),)
 def _source_hash() -> str:
     import importlib
 
-    from ..library import __file__ as lib_file
-    from ..tune import select
+    from ..families.gemm.ops import __file__ as lib_file
+    from ..runtime import select
 
     # Everything that decides what the pass bakes: gemm and scaled_mm selection (the int8 heuristic lives in
     # scaled_mm.py) and the in-graph quantization rewrite.
-    smm = importlib.import_module("oasr_ops.scaled_mm")
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
     qpass = importlib.import_module("oasr_ops.inductor.quantize_pass")
-    bmm = importlib.import_module("oasr_ops.bmm")
+    bmm = importlib.import_module("oasr_ops.families.bmm.ops")
     h = hashlib.sha256()
     for p in (*_SOURCES, Path(lib_file), Path(select.__file__), Path(smm.__file__), Path(qpass.__file__),
               Path(bmm.__file__)):
@@ -561,8 +561,8 @@ class OasrRewritePass(_Base):  # type: ignore[misc]
 
     def uuid(self) -> str:
         from .. import __version__
-        from ..tune import select
-        from ..tune.arch import current_arch_family, normalize_arch
+        from ..runtime import select
+        from ..runtime.arch import current_arch_family, normalize_arch
 
         arch = normalize_arch(self.arch) if self.arch else current_arch_family()
         h = hashlib.sha256()

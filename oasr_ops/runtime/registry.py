@@ -86,6 +86,7 @@ class FamilySpec:
 _LOCK = threading.Lock()
 _FAMILIES: dict[str, FamilySpec] = {}
 _LANES: dict[str, Lane] = {}
+LANES = _LANES  # the live name -> lane map (read-only for callers)
 
 
 def register(spec: FamilySpec) -> FamilySpec:

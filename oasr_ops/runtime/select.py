@@ -43,18 +43,10 @@ from typing import Any, Callable
 
 from ..configs import SENTINELS, ConfigError, parse
 from . import database as _db
+from . import registry as _registry
 from .arch import current_arch_family, normalize_arch
 
 TIER_NAMES = ("user", "system", "model", "default", "heuristic")
-_FALLBACK_TIER = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic", "scaled_mm_fp8": "heuristic",
-                  "bmm": "default"}
-# bmm falls back to cuBLAS: no CUTLASS bmm tile has been measured against it for an untuned shape (bmm.py).
-_FALLBACK_SENTINEL = {"gemm": "default", "conv1d": "default", "scaled_mm": "heuristic",
-                      "scaled_mm_fp8": "heuristic", "bmm": "torch"}
-
-# The answer where no arch is known (a CPU without OASR_ARCH): the lane default, except for bmm, whose untuned
-# answer is always cuBLAS.
-_NO_ARCH = {"bmm": "torch"}
 
 PluginFn = Callable[[Any, int, int, int, Any], "str | None"]
 
@@ -130,8 +122,7 @@ def register_cost_model(family: str, fn: PluginFn | None) -> None:
 
 
 def _check_family(family: str) -> None:
-    if family not in _db.FAMILY_OPS:
-        raise ValueError(f"unknown kernel family {family!r}")
+    _registry.get(family)  # ValueError naming the family when it is not registered
 
 
 # ------------------------------------------------------------------------------------------------ context
@@ -189,28 +180,30 @@ def _feasible_regions(regions, lane, n: int, k: int, arch: str, sig: str):
 
 
 def _native_lane(arch: str, family: str):
-    try:
-        from ..codegen.lanes import native_lane
+    return _registry.native_lane(arch, family)
 
-        return native_lane(arch, family)
-    except Exception:
-        return None
+
+def _policy_sentinel(spec: _registry.FamilySpec) -> str:
+    """The sentinel an untuned shape gets under the family's policy (see `registry.FamilySpec.policy`)."""
+    return spec.policy
 
 
 def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: str) -> _Ctx:
-    lane = _native_lane(arch, family)
-    heuristic_off = family == "gemm" and os.environ.get("OASR_GEMM_HEURISTIC", "").strip() == "0"
+    spec = _registry.get(family)
+    lane = spec.native_lane(arch)
+    # OASR_GEMM_HEURISTIC=0: every shape of a lane-default family gets the lane default (DB and model ignored).
+    heuristic_off = spec.policy == "default" and os.environ.get("OASR_GEMM_HEURISTIC", "").strip() == "0"
     model_on = os.environ.get("OASR_TUNE_MODEL_FALLBACK", "auto").strip() != "0"
     chain = []
     if not heuristic_off:
         for tier, e in _db.chain(family, op, dtype, n, k, arch):
             chain.append((tier, _feasible_regions(e.regions, lane, n, k, arch, e.signature), dict(e.points)))
     model = _COST_MODELS.get(family) if (model_on and not heuristic_off) else None
-    fb = None if heuristic_off else _FALLBACKS.get(family)
+    fb = None if heuristic_off else (_FALLBACKS.get(family) or spec.heuristic)
     const = None
     if fb is None:
-        const = lane.default.id if (lane is not None and family == "gemm") else _FALLBACK_SENTINEL[family]
-    return _Ctx(family, op, dtype, n, k, arch, sig, lane, chain, model, fb, const, _FALLBACK_TIER[family])
+        const = lane.default.id if (lane is not None and spec.policy == "default") else _policy_sentinel(spec)
+    return _Ctx(family, op, dtype, n, k, arch, sig, lane, chain, model, fb, const, spec.fallback_tier)
 
 
 def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str) -> _Ctx:
@@ -260,19 +253,19 @@ def _fallback(ctx: _Ctx, m: int) -> tuple[str, str]:
         cfg = _call_plugin("fallback", ctx.fallback_fn, ctx, m)
         if cfg is not None:
             return cfg, ctx.fallback_tier
-        return _FALLBACK_SENTINEL[ctx.family], ctx.fallback_tier
-    return ctx.fallback_const or _FALLBACK_SENTINEL[ctx.family], ctx.fallback_tier
+        return _policy_sentinel(_registry.get(ctx.family)), ctx.fallback_tier
+    return ctx.fallback_const or _policy_sentinel(_registry.get(ctx.family)), ctx.fallback_tier
 
 
 def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None,
              point: str | None = None) -> Selection:
-    if family not in _db.FAMILY_OPS or op not in _db.FAMILY_OPS[family]:
+    if not _db._known(family, op):
         raise ValueError(f"unknown family/op {family!r}/{op!r}")
     a = normalize_arch(arch) if arch else current_arch_family()
     if a is None:
         dt = _db.normalize_dtype(dtype)
         sigs = _db.lookup_signatures(family, op, dt, n, k)
-        return Selection(_NO_ARCH.get(family, "default"), "default",
+        return Selection(_registry.get(family).no_arch, "default",
                          sigs[0] if sigs else f"{family}|op={op}|N={n}|K={k}")
     ctx = _context(family, op, dtype, n, k, a)
     hit = _walk_db(ctx, m, point)
@@ -319,11 +312,11 @@ def select_conv1d(op: str, dtype: Any, n: int, k: int, batch: int, t: int, t_out
 
 def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None) -> list[list]:
     """All tiers merged into ``[[m_hi, config], ..., [None, terminator]]``; agrees with `select_config`."""
-    if family not in _db.FAMILY_OPS or op not in _db.FAMILY_OPS[family]:
+    if not _db._known(family, op):
         raise ValueError(f"unknown family/op {family!r}/{op!r}")
     a = normalize_arch(arch) if arch else current_arch_family()
     if a is None:
-        return [[None, _NO_ARCH.get(family, "default")]]
+        return [[None, _registry.get(family).no_arch]]
     ctx = _context(family, op, dtype, n, k, a)
     beyond = ctx.fallback_const if (ctx.model is None and ctx.fallback_fn is None) else "auto"
     bps = sorted({m for _, regions, _ in ctx.chain for m, _ in regions if m is not None})

@@ -151,7 +151,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     from . import bench
     from .stats import numeric_gate
 
-    from .validators import current_soft_validators
+    from ..runtime.validators import current_soft_validators
 
     stamp = current_soft_validators(lane.name)  # what these measurements depend on, for --from-log
     op, _dt, n, k = parse_gemm_signature(work.signature)
@@ -265,9 +265,9 @@ def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
     """Measure on this GPU and write. Raises RuntimeError without a CUDA GPU; BenchError inside a capture."""
     import torch
 
-    from ..codegen.lanes import native_lane
+    from ..runtime.registry import native_lane
     from . import bench
-    from .arch import require_arch
+    from ..runtime.arch import require_arch
 
     if not torch.cuda.is_available():
         raise RuntimeError("oasr tune build measures on a GPU; none is available here")
@@ -317,7 +317,7 @@ def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "
         # a refitted heuristic is partitioned against its own choices, not the ones the log was measured with.
         import importlib
 
-        smm = importlib.import_module("oasr_ops.scaled_mm")
+        smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
         for sig, rows in times.items():
             kv = dict(p.split("=", 1) for p in sig.split("|")[1:])
             for m, row in rows.items():
@@ -337,7 +337,7 @@ def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "
 
 def _run(args: argparse.Namespace) -> int:
     from ..paths import cache_root
-    from .arch import current_arch_family
+    from ..runtime.arch import current_arch_family
 
     arch = args.arch or current_arch_family() or "unknown"
     run_dir = cache_root() / "tune" / "v2" / "measurements"
@@ -351,8 +351,8 @@ def _run(args: argparse.Namespace) -> int:
     opts.log.parent.mkdir(parents=True, exist_ok=True)
     if args.from_log:
         from . import database
-        from .arch import require_arch
-        from ..codegen.lanes import native_lane
+        from ..runtime.arch import require_arch
+        from ..runtime.registry import native_lane
 
         a = require_arch(args.arch)
         lane = native_lane(a, args.family)

@@ -25,7 +25,7 @@ from .partition import partition_signature
 def scaled_mm_works(census_paths: list[str]) -> dict[str, SignatureWork]:
     """scaled_mm signatures of the censuses: their own scaled_mm points, plus every gemm site quantize_ turns
     into a scaled_mm (same M, N, K; the activation is not fused in the int8 op)."""
-    from ..scaled_mm import K_ALIGN, N_ALIGN, signature
+    from ..families.scaled_mm.ops import K_ALIGN, N_ALIGN, signature
 
     out: dict[str, SignatureWork] = dict(load_censuses(census_paths, family="scaled_mm"))
     for sig, work in load_censuses(census_paths, family="gemm").items():
@@ -57,13 +57,13 @@ def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: 
 
     from . import bench
 
-    smm = importlib.import_module("oasr_ops.scaled_mm")  # `oasr_ops.scaled_mm` the attribute is the op wrapper
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
 
     kv = dict(p.split("=", 1) for p in work.signature.split("|")[1:])
     op, n, k = kv["op"], int(kv["N"]), int(kv["K"])
     quant = op == "scaled_mm_quant"
     variants = smm.variants_for(n, k, quant, arch)
-    from .validators import current_soft_validators
+    from ..runtime.validators import current_soft_validators
 
     stamp = current_soft_validators(smm._lane_for(arch).name)  # what these measurements depend on
     cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True
@@ -127,9 +127,9 @@ def measure_scaled_mm_signature(work: SignatureWork, points: list[Point], opts: 
 def build_scaled_mm(census_paths: list[str], opts: BuildOptions) -> BuildResult:
     import torch
 
-    from ..codegen.lanes import native_lane
+    from ..runtime.registry import native_lane
     from . import bench
-    from .arch import require_arch
+    from ..runtime.arch import require_arch
 
     if not torch.cuda.is_available():
         raise RuntimeError("oasr tune build measures on a GPU; none is available here")

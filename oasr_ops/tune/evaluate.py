@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from .select import resolve_in_table
+from ..runtime.select import resolve_in_table
 
 __all__ = [
     "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
@@ -302,8 +302,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _native_default(arch: str | None) -> str | None:
-    from ..codegen.lanes import native_lane
-    from .arch import current_arch_family, normalize_arch
+    from ..runtime.registry import native_lane
+    from ..runtime.arch import current_arch_family, normalize_arch
 
     a = normalize_arch(arch) if arch else (current_arch_family() or "sm90")
     lane = native_lane(a)

@@ -12,10 +12,10 @@ import argparse
 import os
 import sys
 
-from ..codegen.gemm_kernels import DTYPES, lanes_for, production_configs, specs_for
+from ..families.gemm.kernels import DTYPES, lanes_for, production_configs, specs_for
 from ..codegen.jit import JitSpec, build_many, nvcc_path
 from ..configs import ConfigError, parse
-from .arch import normalize_arch
+from ..runtime.arch import normalize_arch
 
 
 def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[str, ...],
@@ -47,9 +47,9 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
 def _scaled_mm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
     import importlib
 
-    from ..codegen.lanes import native_lane
+    from ..runtime.registry import native_lane
 
-    smm = importlib.import_module("oasr_ops.scaled_mm")
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
     lane = native_lane(arch, "scaled_mm")
     if lane is None:
         return []
@@ -61,8 +61,8 @@ def _scaled_mm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[Jit
 
 
 def _bmm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
-    from ..codegen.lanes import native_lane
-    from ..codegen.lanes.sm90_f16_bmm import B_MAJORS, kernel_variant
+    from ..runtime.registry import native_lane
+    from ..families.bmm.lanes import B_MAJORS, kernel_variant
 
     lane = native_lane(arch, "bmm")
     if lane is None:

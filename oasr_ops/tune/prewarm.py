@@ -134,7 +134,7 @@ def _hint(x: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------- coverage
 
 def is_covered(p: Point, arch: str | None = None) -> bool:
-    from .select import select_config
+    from ..runtime.select import select_config
 
     return select_config(p.family, p.op, p.dtype, p.n, p.k, p.m, arch).tier in ("user", "system")
 
@@ -142,7 +142,7 @@ def is_covered(p: Point, arch: str | None = None) -> bool:
 # ---------------------------------------------------------------------------------------------------- measuring
 
 def _candidates(arch: str, n: int, k: int, m: int) -> list[str]:
-    from ..codegen.lanes import native_lane
+    from ..runtime.registry import native_lane
 
     lane = native_lane(arch)
     if lane is None:
@@ -163,7 +163,7 @@ def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, 
     import torch
 
     from . import bench
-    from .arch import current_arch_family
+    from ..runtime.arch import current_arch_family
     from .stats import numeric_gate
 
     arch = current_arch_family()
@@ -217,7 +217,7 @@ def _measure_scaled_mm_point(p: Point, arch: str) -> tuple[str, float] | None:
 
     from . import bench
 
-    smm = importlib.import_module("oasr_ops.scaled_mm")
+    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
     quant = p.op == "scaled_mm_quant"
     a = torch.randint(-127, 128, (p.m, p.k), device="cuda", dtype=torch.int8)
     w = torch.randint(-127, 128, (p.n, p.k), device="cuda", dtype=torch.int8)
@@ -268,7 +268,7 @@ def publish_winners(measured: dict[tuple[str, str, int], tuple[str, float]]) -> 
 
 def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = False) -> PrewarmReport:
     from ..tuning import UncoveredPointsError
-    from .arch import current_arch_family
+    from ..runtime.arch import current_arch_family
 
     t0 = time.monotonic()
     rep = PrewarmReport(points=list(points))

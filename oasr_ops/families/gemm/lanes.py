@@ -54,8 +54,6 @@ SM90_F16_WGMMA = Lane(
 # Split-K is serial (semaphore-ordered) and a launch argument: `_k2` configs share their kernel with the
 # unsplit one.
 
-
-
 _SM80_IDS = (
     "b128x128x32_w64x64x32_s4",
     "b128x256x32_w64x64x32_s3",
@@ -71,7 +69,7 @@ _SM80_IDS = (
     "b32x64x64_w32x32x64_s4_k4",
 )
 SM80_SPACE = tuple(parse(i) for i in _SM80_IDS)
-GEMM_DEFAULT = parse("b128x128x32_w64x64x32_s4")
+SM80_GEMM_DEFAULT = parse("b128x128x32_w64x64x32_s4")
 
 SM80_F16_MMA = Lane(
     name="sm80_f16_mma",
@@ -81,7 +79,7 @@ SM80_F16_MMA = Lane(
     arch_families=("sm80", "sm86", "sm87", "sm89", "sm90"),
     native_for=("sm80", "sm86", "sm87", "sm89"),
     space=SM80_SPACE,
-    default=GEMM_DEFAULT,
+    default=SM80_GEMM_DEFAULT,
     coverage_basis=(parse("b64x64x64_w32x32x64_s3"), parse("b64x64x64_w32x32x64_s3_k4")),
     smem_bytes={"sm80": 163 * 1024, "sm87": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024},
 )

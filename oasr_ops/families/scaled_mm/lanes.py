@@ -58,7 +58,7 @@ _SM80_IDS = (
     "b32x64x128_w32x32x128_s4",
 )
 SM80_SPACE = tuple(parse(i) for i in _SM80_IDS)
-SCALED_MM_DEFAULT = parse("b128x128x64_w64x64x64_s3")
+SM80_SCALED_MM_DEFAULT = parse("b128x128x64_w64x64x64_s3")
 
 SM80_INT8_MMA = Int8Lane(
     name="sm80_int8_mma",
@@ -68,7 +68,7 @@ SM80_INT8_MMA = Int8Lane(
     arch_families=("sm80", "sm86", "sm87", "sm89", "sm90"),
     native_for=("sm80", "sm86", "sm87", "sm89"),
     space=SM80_SPACE,
-    default=SCALED_MM_DEFAULT,
+    default=SM80_SCALED_MM_DEFAULT,
     coverage_basis=(parse("b64x64x128_w32x32x128_s3"),),
     smem_bytes={"sm80": 163 * 1024, "sm87": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024},
 )
@@ -92,8 +92,6 @@ SM80_INT8_MMA = Int8Lane(
 #   bits. Only a measured DB entry may pick them (the heuristic never does), and the quantizing op never serves them
 #   (the quantizing epilogue has no Stream-K launcher: `select_quant_config` skips such entries).
 
-
-
 _SM90_IDS = (
     # data-parallel
     "t64x64x128_c1x1_pp",
@@ -108,7 +106,7 @@ _SM90_IDS = (
     "t128x128x128_c1x1_sk",
 )
 SM90_SPACE = tuple(parse(i) for i in _SM90_IDS)
-SCALED_MM_DEFAULT = parse("t128x128x128_c2x1_pp")
+SM90_SCALED_MM_DEFAULT = parse("t128x128x128_c2x1_pp")
 
 SM90_INT8_WGMMA = Int8Lane(
     name="sm90_int8_wgmma",
@@ -118,7 +116,7 @@ SM90_INT8_WGMMA = Int8Lane(
     arch_families=("sm90",),
     native_for=("sm90",),
     space=SM90_SPACE,
-    default=SCALED_MM_DEFAULT,
+    default=SM90_SCALED_MM_DEFAULT,
     coverage_basis=(parse("t64x64x128_c1x1_pp"), parse("t128x128x128_c1x1_sk")),
     smem_bytes={"sm90": 227 * 1024},
 )

@@ -8,38 +8,17 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..configs import Config, ConfigError, parse
-from .jit import JitSpec, KernelCache, KernelLibrary
-from .lanes import LANES, Lane, native_lane
+from ...codegen.jit import JitSpec, KernelCache, KernelLibrary
+from ...configs import Config, ConfigError, Lane, parse
+from ...runtime import database
+from ...runtime.registry import lane_of, lanes_for  # noqa: F401  (re-exported for the family's users)
 
 DTYPES = ("fp16", "bf16")
 
 
-def lanes_for(arch_family: str, family: str = "gemm") -> list[Lane]:
-    """Lanes whose kernels run on this family, the native one first."""
-    native = native_lane(arch_family, family)
-    others = [l for l in LANES.values() if l.family == family and arch_family in l.arch_families and l is not native]
-    return ([native] if native else []) + others
-
-
-def lane_of(config: Config, arch_family: str, family: str = "gemm") -> Lane:
-    """The lane whose space holds `config` and runs on `arch_family`; ConfigError if none does."""
-    for lane in lanes_for(arch_family, family):
-        if config in lane.space:
-            return lane
-    raise ConfigError(f"config {config.id} is in no {family} lane that runs on {arch_family}")
-
-
 def _db_referenced(arch_family: str, family: str) -> list[str]:
     try:
-        from ..tune import database
-    except ImportError:
-        return []
-    fn = getattr(database, "referenced_configs", None)
-    if fn is None:
-        return []
-    try:
-        return list(fn(family, arch_family))
+        return list(database.referenced_configs(family, arch_family))
     except Exception as e:  # a broken DB must never stop kernels from being built
         warnings.warn(f"oasr: could not read the tuning DB's config references: {e}", stacklevel=2)
         return []

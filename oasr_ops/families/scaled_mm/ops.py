@@ -62,9 +62,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import AUTO, Config, ConfigError, parse
-from .codegen.jit import KernelCache, KernelLibrary, load_launcher
-from .library import _TABLE_PREFIX, Plan, PlanCache, check_config_arg, resolve_table
+from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
+from ...configs import AUTO, Config, ConfigError, parse
+from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
+from ...runtime.plans import Plan, PlanCache, check_config_arg, resolve_table
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
@@ -395,7 +396,7 @@ def _fallback_plugin(lane, m, n, k, dtype):  # tune.select's fallback hook: fn(l
 
 
 def _lane_for(arch: str | None):
-    from .codegen.lanes import native_lane
+    from ...runtime.registry import native_lane
 
     if arch is None:
         return None
@@ -425,19 +426,19 @@ def _warn_once(msg: str) -> None:
 
 
 def _epoch() -> int:
-    from .tune import database
+    from ...runtime import database
 
     return database.epoch()
 
 
 def _current_arch(arch: str | None) -> str | None:
-    from .tune.arch import current_arch_family, normalize_arch
+    from ...runtime.arch import current_arch_family, normalize_arch
 
     return normalize_arch(arch) if arch else current_arch_family()
 
 
 def signature(op: str, n: int, k: int) -> str:
-    from .tune import database
+    from ...runtime import database
 
     return database.signature(FAMILY, op, None, n, k)
 
@@ -446,7 +447,7 @@ def production_configs(arch: str) -> list[Config]:
     """The configs this process compiles and serves for `arch`: the gemm family's rule (lane default, coverage
     basis, what the tuning DB references; ``OASR_GEMM_COMPILE_SET=all``: the whole lane) plus every tile the
     heuristic can answer."""
-    from .codegen.gemm_kernels import production_configs as lane_production_configs
+    from ..gemm.kernels import production_configs as lane_production_configs
 
     lane = _lane_for(arch)
     if lane is None:
@@ -480,7 +481,7 @@ def _resolve(op: str, n: int, k: int, m: int, arch: str | None) -> Selection:
     lane = _lane_for(a)
     if lane is None:
         return Selection("torch", "default", sig)
-    from .tune import select as _select
+    from ...runtime import select as _select
 
     sel = _select.select_config(FAMILY, op, "int8", n, k, m, a)
     cfg, tier = sel.config, sel.tier
@@ -579,7 +580,7 @@ def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
 
 def get_kernel(lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one scaled_mm kernel. Raises BuildError / LoadError (remembered)."""
-    from .codegen.jit import JitSpec
+    from ...codegen.jit import JitSpec
 
     return _KERNELS.get((lane.name, config.id, dtype, arch),
                         lambda: load_kernel(JitSpec.for_kernel(lane, config, dtype, arch)))
@@ -588,7 +589,7 @@ def get_kernel(lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
 def load_kernel(spec) -> KernelLibrary:
     """The scaled_mm launcher (``oasr_smm_*``: scale pointers, per-row/per-column flags, optional bias and
     out_scale) of a built kernel."""
-    from .codegen.emit_int8 import SMM_ABI_VERSION
+    from ...codegen.emit_int8 import SMM_ABI_VERSION
 
     p, i = ctypes.c_void_p, ctypes.c_int
     return load_launcher(spec, "smm", SMM_ABI_VERSION, [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p],
@@ -613,8 +614,8 @@ def _torch_run(op: str, out_dtype):
 
 
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str):
-    from .codegen.gemm_kernels import lane_of
-    from .codegen.jit import BuildError, LoadError
+    from ...codegen.jit import BuildError, LoadError
+    from ...runtime.registry import lane_of
 
     try:
         lane = lane_of(cfg, arch, FAMILY)

@@ -14,17 +14,15 @@ stream. Nothing synchronises, so the op is capturable in CUDA graphs.
 """
 from __future__ import annotations
 
-import functools
-import threading
-import warnings
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .configs import AUTO, SENTINELS, Config, ConfigError, parse
-from .tune import database as _database
+from ...configs import AUTO, Config, ConfigError, parse
+from ...runtime import database as _database
+from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
+from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, format_table, parse_table, resolve_table  # noqa: F401
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -71,65 +69,6 @@ def _check_layout(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
                              "call .contiguous() first")
 
 
-def check_config_arg(config: str, op: str = "gemm", check_id: Callable[[Config], str | None] | None = None) -> None:
-    """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, a parseable id or a well-formed region
-    table; `check_id(cfg)` says why a parsed id is not one of the op's family (None: it is). Shared by every op."""
-    if not isinstance(config, str):
-        raise ValueError(f"oasr.{op}: config must be a string")
-    if config == AUTO or config in SENTINELS:
-        return
-    if config.startswith(_TABLE_PREFIX):
-        try:
-            ids = [cid for _hi, cid in parse_table(config) if cid not in SENTINELS]
-        except ValueError as e:
-            raise ValueError(f"oasr.{op}: {e}") from None
-    else:
-        ids = [config]
-    for cid in ids:
-        try:
-            cfg = parse(cid)
-        except ConfigError as e:
-            raise ValueError(f"oasr.{op}: unknown config {cid!r}: {e}") from None
-        why = check_id(cfg) if check_id is not None else None
-        if why:
-            raise ValueError(f"oasr.{op}: config {cid!r} {why}")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# region tables baked into compiled graphs
-
-def format_table(regions: list[tuple[int | None, str]]) -> str:
-    parts = [f"{'*' if hi is None else int(hi)}={cfg}" for hi, cfg in regions]
-    return _TABLE_PREFIX + ";".join(parts)
-
-
-@functools.lru_cache(maxsize=4096)
-def parse_table(table: str) -> tuple[tuple[int | None, str], ...]:
-    if not table.startswith(_TABLE_PREFIX):
-        raise ValueError(f"not a region table: {table!r}")
-    out: list[tuple[int | None, str]] = []
-    for part in table[len(_TABLE_PREFIX):].split(";"):
-        hi, sep, cfg = part.partition("=")
-        if not sep:
-            raise ValueError(f"malformed region {part!r} in {table!r}")
-        if cfg not in SENTINELS:
-            try:
-                parse(cfg)
-            except ConfigError as e:
-                raise ValueError(f"region table names unknown config {cfg!r}: {e}") from None
-        out.append((None if hi == "*" else int(hi), cfg))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=65536)
-def resolve_table(table: str, m: int) -> str:
-    """Round-up: the first region with m_hi >= M; `*` is the catch-all; past the end -> `auto`."""
-    for hi, cfg in parse_table(table):
-        if hi is None or m <= hi:
-            return cfg
-    return AUTO
-
-
 # ----------------------------------------------------------------------------------------------------------
 # reference (CPU, and the `torch` sentinel's epilogue)
 
@@ -163,52 +102,9 @@ def _gemm_fake(a, w, bias, activation, config):
 # ----------------------------------------------------------------------------------------------------------
 # CUDA
 
-@dataclass
-class Plan:
-    """How one (config, shape, epilogue) call runs. `config` is what served it (an id or a sentinel)."""
-
-    config: str
-    tier: str
-    signature: str
-    run: Callable[..., torch.Tensor] = field(repr=False)
-    calls: int = 0
-
-
-class PlanCache:
-    """Plans by key, shared by every op family. `plans` is the dict an op's hot path reads directly (one lookup
-    per call); `get_or_make` builds a missing plan once under a lock."""
-
-    def __init__(self) -> None:
-        self.plans: dict[tuple, Plan] = {}
-        self._lock = threading.Lock()
-
-    def get_or_make(self, key: tuple, make: Callable[[], Plan]) -> Plan:
-        plan = self.plans.get(key)
-        if plan is None:
-            with self._lock:
-                plan = self.plans.get(key)
-                if plan is None:
-                    plan = make()
-                    self.plans[key] = plan
-        return plan
-
-    def served(self) -> list[Plan]:
-        return [p for p in self.plans.values() if p.calls]
-
-    def clear(self) -> None:
-        with self._lock:
-            self.plans.clear()  # the same dict: the ops' aliases stay valid
-
-
 _PLANS = PlanCache()
 _plans = _PLANS.plans
-_warned: set[tuple] = set()
-
-
-def _warn_once(key: tuple, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(msg, stacklevel=3)
+_warn_once = WarnOnce()
 
 
 _db_epoch = _database.epoch
@@ -219,7 +115,7 @@ def _op(activation: str) -> str:
 
 
 def _select(dtype_name: str, activation: str, n: int, k: int, m: int) -> tuple[str, str]:
-    from .tune.select import select_config
+    from ...runtime.select import select_config
 
     sel = select_config("gemm", _op(activation), dtype_name, n, k, m)
     return sel.config, sel.tier
@@ -244,8 +140,8 @@ def _torch_plan(activation: str, fused: bool) -> Callable[..., torch.Tensor]:
 def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, k: int,
                  arch: str, sig: str) -> Callable[..., torch.Tensor] | None:
     """A launcher for `cfg`, or None (with one warning) when it cannot serve this call."""
-    from .codegen.gemm_kernels import get_kernel, lane_of
-    from .codegen.jit import BuildError, LoadError
+    from ...codegen.jit import BuildError, LoadError
+    from .kernels import get_kernel, lane_of
 
     try:
         lane = lane_of(cfg, arch)
@@ -291,7 +187,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
 
 
 def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int) -> Plan:
-    from .tune.arch import current_arch_family
+    from ...runtime.arch import current_arch_family
 
     dtype_name = SUPPORTED_DTYPES[dtype]
     sig = _database.signature("gemm", _op(activation), "half", n, k)
@@ -302,7 +198,7 @@ def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int,
     if config == AUTO:
         config, tier = _select(dtype_name, activation, n, k, m)
     if config == "default":
-        from .codegen.lanes import native_lane
+        from ...runtime.registry import native_lane
         lane = native_lane(arch)
         if lane is None:
             return Plan("torch", tier, sig, _torch_plan(activation, False))

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import AUTO, Config, parse
-from .codegen.jit import KernelCache, KernelLibrary, load_launcher
-from .library import _TABLE_PREFIX, Plan, PlanCache, resolve_table
-from .library import check_config_arg as _check_config_arg
-from .tune import database as _database
+from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
+from ...configs import AUTO, Config, parse
+from ...runtime import database as _database
+from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
+from ...runtime.plans import Plan, PlanCache, resolve_table
+from ...runtime.plans import check_config_arg as _check_config_arg
 
 FAMILY = "bmm"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -64,7 +65,8 @@ def _check(a, b) -> None:
 
 
 def _bmm_lane_reason(cfg: Config) -> str | None:
-    from .codegen.lanes import LANES
+    from ...runtime.registry import lanes as _lanes
+    LANES = _lanes()
 
     return None if any(cfg in l.space for l in LANES.values() if l.family == FAMILY) else "is in no bmm lane"
 
@@ -155,7 +157,7 @@ _KERNELS = KernelCache()
 
 def get_kernel(lane, config: Config, variant: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one bmm kernel. Raises BuildError / LoadError (remembered)."""
-    from .codegen.jit import JitSpec
+    from ...codegen.jit import JitSpec
 
     return _KERNELS.get((lane.name, config.id, variant, arch),
                         lambda: load_kernel(JitSpec.for_kernel(lane, config, variant, arch)))
@@ -163,7 +165,7 @@ def get_kernel(lane, config: Config, variant: str, arch: str) -> KernelLibrary:
 
 def load_kernel(spec) -> KernelLibrary:
     """The bmm launcher (``oasr_bmm_*``: L, M, N, K and the leading/batch strides) of a built kernel."""
-    from .codegen.render import BMM_ABI_VERSION
+    from ...codegen.render import BMM_ABI_VERSION
 
     p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     shape = [i, i, i, i, ll, ll, ll, ll]
@@ -171,7 +173,7 @@ def load_kernel(spec) -> KernelLibrary:
 
 
 def native_lane(arch: str):
-    from .codegen.lanes import native_lane as _native
+    from ...runtime.registry import native_lane as _native
 
     return _native(arch, FAMILY)
 
@@ -200,8 +202,8 @@ def signature(dtype: torch.dtype, major: str, n: int, k: int) -> str:
 
 def _kernel_run(cfg: Config, dtype: torch.dtype, el: int, m: int, n: int, k: int, lay: TmaLayout, arch: str,
                 sig: str):
-    from .codegen.jit import BuildError, LoadError
-    from .codegen.lanes.sm90_f16_bmm import kernel_variant
+    from ...codegen.jit import BuildError, LoadError
+    from ...codegen.render import kernel_variant
 
     lane = native_lane(arch)
     if lane is None:
@@ -244,13 +246,13 @@ def _kernel_run(cfg: Config, dtype: torch.dtype, el: int, m: int, n: int, k: int
 
 def select_config(dtype: torch.dtype, major: str, n: int, k: int, rows: int, arch: str | None = None):
     """The tuning DB's answer for a bmm with `rows` = L * M (tune.select; fallback `torch`)."""
-    from .tune.select import select_config as _select
+    from ...runtime.select import select_config as _select
 
     return _select(FAMILY, OP_FOR_MAJOR[major], DTYPES.get(dtype, dtype), n, k, rows, arch)
 
 
 def _make_plan(config: str, a: torch.Tensor, b: torch.Tensor) -> Plan:
-    from .tune.arch import current_arch_family
+    from ...runtime.arch import current_arch_family
 
     el, m, k = a.shape
     n = b.shape[2]

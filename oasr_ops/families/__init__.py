@@ -1,0 +1,12 @@
+"""Kernel families, one folder each; importing this package registers every one of them (one line each).
+
+A family folder declares, in its ``__init__``, a `oasr_ops.runtime.registry.FamilySpec`: its DB ops and signature
+rules, its lanes, its untuned policy, and the hooks the generic layers call. `docs/architecture.md` has the recipe
+for adding one.
+"""
+from __future__ import annotations
+
+from . import gemm  # noqa: F401  (fp16/bf16 Linear GEMM: torch.ops.oasr.gemm)
+from . import scaled_mm  # noqa: F401  (int8 W8A8: torch.ops.oasr.scaled_mm / scaled_mm_quant)
+from . import bmm  # noqa: F401  (batched GEMM of attention: torch.ops.oasr.bmm)
+from . import declared  # noqa: F401  (families the DB format knows before their kernels exist: conv1d, fp8)

@@ -1,0 +1,22 @@
+"""The batched GEMM family (`torch.ops.oasr.bmm`): attention's ``torch.matmul`` products, [L,M,K] x [L,K,N].
+
+DB ops: ``bmm`` (B K-contiguous) and ``bmm_nn`` (B N-contiguous); the M axis is L * M. Untuned policy: cuBLAS
+(no CUTLASS bmm tile beat it on enough untuned shapes to be a default; docs/kernels.md).
+"""
+from __future__ import annotations
+
+from ...codegen.render import render
+from ...runtime import registry
+from . import ops  # noqa: F401  (registers torch.ops.oasr.bmm)
+from .lanes import LANES
+
+FAMILY = registry.register(registry.FamilySpec(
+    name="bmm",
+    ops=("bmm", "bmm_nn"),
+    lanes=LANES,
+    dtyped=True,
+    policy="torch",
+    no_arch="torch",
+    render=render,
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served},
+))
