@@ -1,0 +1,90 @@
+"""The cost-model tier (spec "The cost model"): what an uncovered shape gets before the family's untuned policy.
+
+For a shape no DB tier covers, the tier ranks this process's compiled configs of the native lane (the production
+set) and ``torch`` (cuBLAS) with `cost_model.choose`, and answers a CUTLASS config only where the model predicts it
+beats cuBLAS by more than the gate; otherwise ``torch``. Reported as tier ``model``; ``OASR_TUNE_MODEL_FALLBACK=0``
+turns it off (then the family's policy answers, e.g. the lane default).
+
+Why cuBLAS is the default answer: measured on the H200 (docs/perf/cost_model.md), the lane default served
+uncovered widths at 0.64x cuBLAS geomean (0.22x at worst), while the best CUTLASS config beats cuBLAS by more than
+10 % only at a few large shapes. A wrong ``torch`` costs at most that margin; a wrong CUTLASS pick can cost 2-5x.
+
+Parameters, per (family, arch): the ``model`` section of the tuning file (`database.model_params`, written by
+`oasr tune build`: per-config coefficients + a fitted cuBLAS efficiency curve). With no calibration the structure
+alone ranks, with a wider gate (its errors are larger: 12 % top-1 regret on the H200 build log vs 3.5 % calibrated).
+The profile is the arch's reference SKU from the static table (`arch_profile.reference_profile`), so a CPU compile
+server resolves exactly as the GPU would: selection must not depend on which machine asks.
+
+Deterministic and side-effect free; memoised by the selector per (shape, epoch). Never raises: a broken model
+section is warned about once by the caller (select's plug-in guard) and the tier steps aside.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..configs import SENTINELS, ConfigError, Lane
+from . import arch_profile, cost_model, database, registry
+
+# The margin a CUTLASS config must be predicted to win by (T_torch > (1 + gate) * T_best). Calibrated: the
+# build's LOSO regret on the H200 log is lowest at 0.10 (docs/perf/cost_model.md); uncalibrated: wider.
+GATE_CALIBRATED = 0.10
+GATE_UNCALIBRATED = 0.25
+
+_DTYPE = {"half": "fp16", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
+
+
+@functools.lru_cache(maxsize=64)
+def _calibration(family: str, arch: str, epoch: int) -> cost_model.Calibration | None:
+    raw = database.model_params(family, arch)
+    if raw is None:
+        return None
+    return cost_model.from_json(raw)  # ValueError on a malformed section: the selector warns once, skips the tier
+
+
+def candidate_ids(lane: Lane, arch: str, n: int, k: int, dtype: str | None = None) -> list[str]:
+    """The lane's configs this process compiles (the family's production set) that can serve (N, K) here."""
+    spec = registry.get(lane.family)
+    if spec.production_ids is not None:
+        ids = sorted(spec.production_ids(arch))
+    else:
+        ids = [lane.default.id, *(c.id for c in lane.coverage_basis)]
+        ids += [c for c in database.referenced_configs(lane.family, arch) if c not in SENTINELS and c not in ids]
+    out = []
+    for cid in ids:
+        try:
+            cfg = lane.get(cid)
+        except ConfigError:
+            continue
+        if lane.infeasible_reason(cfg, n=n, k=k, arch_family=arch, dtype=dtype) is None:
+            out.append(cid)
+    return out
+
+
+def choose(family: str, op: str, lane: Lane | None, m: int, n: int, k: int, dtype: Any, arch: str) -> str | None:
+    """The model tier's answer for one shape: a config id of `lane`, ``torch``, or None (no opinion: no lane)."""
+    if lane is None:
+        return None
+    dt = _DTYPE.get(str(dtype), "fp16")
+    cal = _calibration(family, arch, database.epoch())
+    ids = candidate_ids(lane, arch, n, k, dt if dt in ("fp16", "bf16") else None)
+    if not ids:
+        return "torch"
+    gate = GATE_CALIBRATED if cal is not None else GATE_UNCALIBRATED
+    profile = arch_profile.reference_profile(arch)
+    return cost_model.choose(ids, max(int(m), 1), n, k, dt, profile, cal, gate, activation=op.endswith("activation"))
+
+
+def explain(family: str, op: str, m: int, n: int, k: int, dtype: Any, arch: str) -> list[tuple[str, float]]:
+    """The ranking behind an answer, fastest first, ``torch`` included (for reports and `oasr tune status`)."""
+    lane = registry.native_lane(arch, family)
+    if lane is None:
+        return []
+    dt = _DTYPE.get(str(dtype), "fp16")
+    cal = _calibration(family, arch, database.epoch())
+    profile = arch_profile.reference_profile(arch)
+    act = op.endswith("activation")
+    ranked = cost_model.rank(candidate_ids(lane, arch, n, k), max(int(m), 1), n, k, dt, profile, cal, activation=act)
+    ranked.append(("torch", cost_model.predict_us("torch", max(int(m), 1), n, k, dt, profile, cal, activation=act)))
+    return sorted(ranked, key=lambda r: r[1])
+
