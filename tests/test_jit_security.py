@@ -23,7 +23,7 @@ from filelock import FileLock
 
 from oasr_ops.codegen import jit
 from oasr_ops.codegen.jit import BuildError, JitSpec, LoadError, UnsafeCacheError
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.runtime.registry import get_lane
 from oasr_ops.codegen.render import ABI_VERSION
 from oasr_ops.configs import parse
 
@@ -349,7 +349,7 @@ BUILDER = """
 import sys
 from oasr_ops.codegen import jit
 from oasr_ops.codegen.jit import JitSpec
-from oasr_ops.codegen.lanes import get_lane
+from oasr_ops.runtime.registry import get_lane
 from oasr_ops.configs import parse
 if sys.argv[1] != "real":
     jit.nvcc_path = lambda: sys.argv[1]
