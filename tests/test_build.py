@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from oasr_ops.tune import bench, database
-from oasr_ops.tune.build import (BuildOptions, SignatureWork, load_censuses, parse_gemm_signature, plan_points,
-                                 run_build)
+from oasr_ops.tune.build import BuildOptions, SignatureWork, load_censuses, load_works, plan_points, run_build
+from oasr_ops.tune.candidates import parts_of
 from oasr_ops.tune.partition import partition_signature
 
 SIG_A = "gemm|op=gemm|dt=half|N=512|K=256"
@@ -19,11 +19,13 @@ def _census(path, sigs, weight_bytes=0):
 
 
 def test_parse_signature():
-    assert parse_gemm_signature(SIG_B) == ("gemm_activation", "half", 1024, 256)
-    with pytest.raises(ValueError):
-        parse_gemm_signature("scaled_mm|op=scaled_mm|N=1|K=2")
-    with pytest.raises(ValueError):
-        parse_gemm_signature("gemm|op=gemm|N=x|K=2")
+    p = parts_of(SIG_B)
+    assert (p.family, p.op, p.dt, p.n, p.k) == ("gemm", "gemm_activation", "half", 1024, 256)
+    assert parts_of("scaled_mm|op=scaled_mm|N=1|K=2").dt is None
+    with pytest.raises(ValueError, match="malformed"):
+        parts_of("gemm|op=gemm|N=x|K=2")
+    with pytest.raises(ValueError, match="malformed"):
+        parts_of("gemm|op=gemm|N=8|K=2")  # a dtyped family's signature without dt
 
 
 def test_censuses_merge(tmp_path):
@@ -44,7 +46,7 @@ def test_censuses_merge(tmp_path):
 
 def test_plan_points_thin_and_fill():
     pts = [dict(m=m, weight=1.0, calls=1, must_tune=(m == 96), eager_fraction=0.0) for m in range(8, 400, 8)]
-    from oasr_ops.tune.build import Point
+    from oasr_ops.tune.points import Point
     work = SignatureWork(SIG_A, [Point(**p) for p in pts])
     planned = plan_points(work, thin=True, max_points=6, max_fill=2)
     census = [p for p in planned if not p.fill]
@@ -112,14 +114,12 @@ def test_copies_for_cold_and_warm(monkeypatch):
 
 
 def test_scaled_mm_points_come_from_quantizable_gemm_sites(tmp_path):
-    from oasr_ops.tune.build_scaled_mm import scaled_mm_works
-
     c = _census(tmp_path / "c.json", {
         SIG_A: {"points": [{"m": 16, "weight": 1.0, "calls": 2, "must_tune": True}]},
         SIG_B: {"points": [{"m": 16, "weight": 2.0, "calls": 3}, {"m": 64, "weight": 1.0, "calls": 1}]},
         "gemm|op=gemm|dt=half|N=512|K=200": {"points": [{"m": 16}]},  # K % 16 != 0: stays fp16
     }, weight_bytes=1000)
-    works = scaled_mm_works([c])
+    works = load_works([c], "scaled_mm")
     assert sorted(works) == ["scaled_mm|op=scaled_mm|N=1024|K=256", "scaled_mm|op=scaled_mm|N=512|K=256"]
     w = works["scaled_mm|op=scaled_mm|N=512|K=256"]
     assert [(p.m, p.weight, p.calls, p.must_tune) for p in w.points] == [(16, 1.0, 2, True)]

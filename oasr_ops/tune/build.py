@@ -1,23 +1,28 @@
-"""`oasr tune build`: census points -> measurements (bench.py) -> partition -> tuning DB entries.
+"""`oasr tune build`: census points -> measurements (bench.py) -> partition -> tuning DB entries, for any
+registered family with a candidate factory (`oasr_ops.tune.candidates`; `--family` picks one).
 
-Per signature (gemm family):
-  1. points = census Ms (thinned with --thin/--max-points) + ladder fill points (shapes.fill_points);
-  2. arms = the forced set (lane default, `torch`, `fused` where it applies) + every feasible config of the native
-     lane (there is no cost model to prune with yet), each first passing the numeric gate at one point;
+Per signature:
+  1. points = census Ms (thinned with --thin/--max-points) + ladder fill points (shapes.fill_points); a family
+     may also take points from another family's census signatures (``handlers["census_from"]``: the int8
+     family measures every gemm site `quantize_` turns into a scaled_mm);
+  2. arms = the family's candidates for the signature (gemm: `torch`, the lane default, then every feasible
+     config of the native lane; scaled_mm: every eligible tile and the `heuristic` pseudo-arm), each passing its
+     numeric gate first (a tolerance gate once, at the middle point; a bitwise gate at every point);
   3. measure every arm at every point (bench.measure: CUDA graphs, separator, cold/warm weights, interleaved
-     shuffled rounds); the objective adds alpha x host issue cost, alpha = the point's eager fraction;
-  4. partition (partition.partition_signature, fallback `torch`, --min-speedup gate) and write the entry with
-     evidence and notes through database.publish;
+     shuffled rounds); where the family charges host issue cost the objective adds alpha x that cost, alpha =
+     the point's eager fraction;
+  4. partition (partition.partition_signature against the family's fallback arm, --min-speedup gate) and write
+     the entry with evidence and notes through database.publish;
   5. checkpoint the finished signature (a JSON per signature under the checkpoint directory), so an
      interrupted build resumes where it stopped.
-Every measurement is appended to a JSONL log (one record per arm per point) for `oasr tune evaluate`.
+Every measurement is appended to a JSONL log (one record per arm per point) for `oasr tune evaluate` and
+`--from-log`.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -25,20 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import families as _families  # noqa: F401  (fills the registry)
+from ..runtime import registry
+from ..runtime.database import parse_signature
+from .candidates import (Candidate, candidates_for, fallback_id, gate_candidates, host_costs, operands_for,
+                         parts_of, pseudo_arms, tunable_families)
 from .partition import partition_signature, thin_census
+from .points import Point
 from .shapes import fill_points
 
 FILL_WEIGHT = 0.01  # relative to the mean census weight: fill points inform region edges, traffic decides
-
-
-@dataclass
-class Point:
-    m: int
-    weight: float = 1.0
-    calls: int = 0
-    must_tune: bool = False
-    eager_fraction: float = 0.0
-    fill: bool = False
 
 
 @dataclass
@@ -48,21 +49,15 @@ class SignatureWork:
     weight_bytes: int = 0  # the served model's weight working set (decides cold vs warm weights)
 
 
-def parse_gemm_signature(sig: str) -> tuple[str, str, int, int]:
-    """`gemm|op=gemm|dt=half|N=512|K=256` -> (op, dt, N, K); ValueError otherwise."""
-    parts = sig.split("|")
-    if parts[0] != "gemm":
-        raise ValueError(f"not a gemm signature: {sig!r}")
-    kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    try:
-        return kv["op"], kv.get("dt", "half"), int(kv["N"]), int(kv["K"])
-    except (KeyError, ValueError):
-        raise ValueError(f"malformed gemm signature: {sig!r}") from None
+def default_family() -> str:
+    """The family `oasr tune build` measures without --family: the first registered one with candidates."""
+    return tunable_families()[0]
 
 
-def load_censuses(paths: list[str], family: str = "gemm") -> dict[str, SignatureWork]:
+def load_censuses(paths: list[str], family: str | None = None) -> dict[str, SignatureWork]:
     """Merge census files: the same (signature, M) from several censuses sums weights and calls, keeps
     must_tune if any sets it, and averages the eager fraction by calls."""
+    family = family or default_family()
     merged: dict[str, dict[int, Point]] = {}
     wbytes: dict[str, int] = {}
     for path in paths:
@@ -91,11 +86,42 @@ def load_censuses(paths: list[str], family: str = "gemm") -> dict[str, Signature
             for s, pts in sorted(merged.items())}
 
 
+def load_works(paths: list[str], family: str) -> dict[str, SignatureWork]:
+    """The family's signatures of the censuses: its own points, plus the points of every other family's
+    signature its ``census_from`` handler maps to one of its own (same M; weights and calls add, must_tune
+    ORs; the weight bytes are the handler's)."""
+    out = load_censuses(paths, family)
+    mapper = registry.get(family).handler("census_from")
+    if mapper is None:
+        return out
+    for other in registry.families():
+        if other == family:
+            continue
+        for sig, work in load_censuses(paths, other).items():
+            parts = parse_signature(sig)
+            mapped = mapper(parts, work.weight_bytes) if parts is not None else None
+            if mapped is None:
+                continue
+            tsig, tbytes = mapped
+            tgt = out.setdefault(tsig, SignatureWork(tsig, [], 0))
+            tgt.weight_bytes = max(tgt.weight_bytes, tbytes)
+            by_m = {p.m: p for p in tgt.points}
+            for p in work.points:
+                q = by_m.get(p.m)
+                if q is None:
+                    by_m[p.m] = Point(p.m, p.weight, p.calls, p.must_tune, p.eager_fraction)
+                else:
+                    q.weight += p.weight
+                    q.calls += p.calls
+                    q.must_tune = q.must_tune or p.must_tune
+            tgt.points = sorted(by_m.values(), key=lambda p: p.m)
+    return dict(sorted(out.items()))
+
+
 def plan_points(work: SignatureWork, *, thin: bool, max_points: int, max_fill: int) -> list[Point]:
     pts = work.points
     if thin:
-        pts = thin_census([vars(p) for p in pts], max_points)
-        pts = [Point(**{k: v for k, v in p.items() if k in Point.__dataclass_fields__}) for p in pts]
+        pts = thin_census(pts, max_points)
     mean_w = sum(p.weight for p in pts) / max(len(pts), 1) or 1.0
     fills = [Point(m, weight=FILL_WEIGHT * mean_w, fill=True) for m in fill_points([p.m for p in pts],
                                                                                   max_fill=max_fill)]
@@ -107,7 +133,7 @@ def plan_points(work: SignatureWork, *, thin: bool, max_points: int, max_fill: i
 @dataclass
 class BuildOptions:
     out: str = "user"
-    family: str = "gemm"
+    family: str = field(default_factory=default_family)
     fresh: bool = False
     thin: bool = False
     max_points: int = 16
@@ -119,6 +145,7 @@ class BuildOptions:
     checkpoint_dir: Path | None = None
     arch: str | None = None
     progress: bool = True
+    device: str = "cuda"  # where operands live (a CPU run exercises the path with the ops' CPU reference)
 
 
 @dataclass
@@ -129,7 +156,7 @@ class BuildResult:
     measure_s: float = 0.0
     wall_s: float = 0.0
     resumed: list[str] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)  # "sig|config" -> numeric gate reason
+    rejected: dict[str, str] = field(default_factory=dict)  # "sig|config[|M=m]" -> numeric gate reason
 
 
 def _ckpt_path(opts: BuildOptions, sig: str) -> Path:
@@ -137,72 +164,78 @@ def _ckpt_path(opts: BuildOptions, sig: str) -> Path:
     return opts.checkpoint_dir / (hashlib.sha256(sig.encode()).hexdigest()[:16] + ".json")
 
 
-def _arm_call(cfg: str, a, w, bias, act: str):
-    import torch
+def _as_point(p: Point, work: SignatureWork, parts: Any) -> Point:
+    """A planned point with the signature's parts filled in (what a family's operands are shaped by)."""
+    from dataclasses import replace
 
-    return lambda: torch.ops.oasr.gemm(a, w, bias, act, cfg)
+    return replace(p, signature=work.signature, family=parts.family, op=parts.op, dtype=parts.dt or "half",
+                   n=parts.n, k=parts.k)
 
 
-def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptions, lane, arch: str,
-                      host_us: dict[str, float], log_fh, result: BuildResult) -> dict[str, Any]:
-    """Measure every gated arm at every point of one signature and partition. Needs a CUDA GPU."""
+def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptions, cands: list[Candidate],
+                      lane_name: str, host_us: dict[str, float], log_fh, result: BuildResult) -> dict[str, Any]:
+    """Measure every gated arm at every point of one signature and partition. Needs the family's ops to run on
+    `opts.device` (a CUDA GPU for real timings)."""
     import torch
 
     from . import bench
-    from .stats import numeric_gate
-
     from ..runtime.validators import current_soft_validators
 
-    stamp = current_soft_validators(lane.name)  # what these measurements depend on, for --from-log
-    op, _dt, n, k = parse_gemm_signature(work.signature)
-    act = "silu" if op == "gemm_activation" else "none"
-    dtype = torch.float16
+    stamp = current_soft_validators(lane_name)  # what these measurements depend on, for --from-log
+    parts = parts_of(work.signature)
+    pts = [_as_point(p, work, parts) for p in points]
+    charged = any(c.host is not None for c in cands)  # the objective adds host cost: the log says gpu_s apart
+    pseudo = pseudo_arms(cands)
     cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True
-    copies = bench.copies_for(n * k * 2, cold=cold, cap=256)
-    ws = [torch.randn(n, k, device="cuda", dtype=dtype) / math.sqrt(k) for _ in range(copies)]
-    bias = torch.randn(n, device="cuda", dtype=dtype)
-
-    forced = ["torch", lane.default.id] + (["fused"] if act == "relu" else [])
-    cands = [c.id for c in lane.space if c.id not in forced]
-    # numeric gate once per arm, at a mid-sized point: wrong tiles never enter the table
-    m_gate = points[len(points) // 2].m
-    a = torch.randn(m_gate, k, device="cuda", dtype=dtype)
-    ref = torch.nn.functional.linear(a.double(), ws[0].double(), bias.double())
-    ref = torch.nn.functional.silu(ref) if act == "silu" else ref
-    cublas = torch.ops.oasr.gemm(a, ws[0], bias, act, "torch")
-    arms = []
-    for cid in forced + cands:
-        if cid not in ("torch", "fused"):
-            c = lane.get(cid)
-            if lane.infeasible_reason(c, n=n, k=k, arch_family=arch):
-                continue
-        out = torch.ops.oasr.gemm(a, ws[0], bias, act, cid)
-        ok, why = numeric_gate(out, ref, cublas)
-        if ok:
-            arms.append(cid)
-        else:
+    mid = pts[len(pts) // 2]
+    probe = operands_for(mid, opts.device, seed=0)
+    copies = bench.copies_for(probe.weight_bytes(), cold=cold, cap=256)
+    del probe
+    # the weights (rotated copies) and constants live for the whole signature; activations are fresh per point
+    shared = operands_for(mid, opts.device, seed=0, copies=copies)
+    # a once-per-signature gate runs at the middle point: wrong tiles never enter the table
+    once = [c for c in cands if not c.gate.per_point]
+    arms = list(cands)
+    if once:
+        ok, rejected = gate_candidates(once, shared)
+        for cid, why in rejected.items():
             result.rejected[f"{work.signature}|{cid}"] = why
+        passed = {c.id for c in ok}
+        arms = [c for c in cands if c.gate.per_point or c.id in passed]
     times: dict[int, dict[str, Any]] = {}
     weights: dict[int, float] = {}
     env = bench.Environment()
     t0 = time.monotonic()
-    for p in points:
-        a = torch.randn(p.m, k, device="cuda", dtype=dtype)
+    ops = None
+    for i, p in enumerate(pts):
+        ops = operands_for(p, opts.device, seed=i + 1, like=shared)
+        here = [c for c in arms if c.feasible(p) is None]
+        per_point = [c for c in here if c.gate.per_point]
+        if per_point:
+            ok, rejected = gate_candidates(per_point, ops)
+            for cid, why in rejected.items():
+                result.rejected[f"{work.signature}|{cid}|M={p.m}"] = why
+            passed = {c.id for c in ok}
+            here = [c for c in here if not c.gate.per_point or c.id in passed]
         calls_n = max(bench.MIN_CALLS, copies)
-        arm_calls = {cid: [_arm_call(cid, a, ws[j % copies], bias, act) for j in range(calls_n)]
-                     for cid in arms
-                     if cid in ("torch", "fused") or not lane.infeasible_reason(lane.get(cid), m=p.m, n=n, k=k)}
+        arm_calls = {c.id: [c.make_call(ops, j) for j in range(calls_n)] for c in here}
         res = bench.measure(arm_calls, rounds=opts.rounds, env=env)
+        host_of = {c.id: c.host for c in here}
+        extra = {f"{c.id}_tile": c.config_at(p) for c in pseudo}  # what a pseudo-arm timed at this point
         row = {}
         for cid, r in res.items():
-            host = host_us["torch" if cid in ("torch", "fused") else "oasr"] * 1e-6
             e = r.estimate
+            host = host_us.get(host_of[cid], 0.0) * 1e-6 if host_of[cid] is not None else 0.0
             obj = e.median_s + p.eager_fraction * host
             row[cid] = (obj, e.sigma_s, e.n)
-            rec = {"signature": work.signature, "m": p.m, "config": cid, "median_s": obj, "gpu_s": e.median_s,
-                   "sigma_s": e.sigma_s, "n": e.n, "weight": p.weight, "fill": p.fill,
-                   "eager_fraction": p.eager_fraction, "l2": "cold" if cold else "warm", **env.as_dict(),
-                   "validators": stamp}
+            rec: dict[str, Any] = {"signature": work.signature, "m": p.m, "config": cid, "median_s": obj}
+            if charged:
+                rec["gpu_s"] = e.median_s
+            rec.update({"sigma_s": e.sigma_s, "n": e.n, "weight": p.weight, "fill": p.fill})
+            if charged:
+                rec["eager_fraction"] = p.eager_fraction
+            rec.update(extra)
+            rec.update({"l2": "cold" if cold else "warm", **env.as_dict(), "validators": stamp})
             if log_fh is not None:
                 log_fh.write(json.dumps(rec) + "\n")
         times[p.m] = row
@@ -217,11 +250,13 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     result.measure_s += time.monotonic() - t0
     if opts.progress:
         sys.stderr.write("\n")
-    part = partition_signature(times, weights, fallback="torch", min_speedup=opts.min_speedup, max_loss=opts.max_loss,
+    part = partition_signature(times, weights, fallback=fallback_id(cands), min_speedup=opts.min_speedup,
+                               max_loss=opts.max_loss,
                                starred=[p.m for p in points if p.must_tune],
                                evidence_extra={p.m: {"_l2": "cold" if cold else "warm"} for p in points})
-    del ws
-    torch.cuda.empty_cache()
+    del shared, ops
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return part.entry(source="aot")
 
 
@@ -262,40 +297,39 @@ def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, la
 
 
 def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
-    """Measure on this GPU and write. Raises RuntimeError without a CUDA GPU; BenchError inside a capture."""
+    """Measure `opts.family` on this GPU and write. Raises RuntimeError without a CUDA GPU (unless
+    `opts.device` says otherwise); BenchError inside a capture."""
     import torch
 
-    from ..runtime.registry import native_lane
     from . import bench
     from ..runtime.arch import require_arch
 
-    if not torch.cuda.is_available():
+    if opts.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("oasr tune build measures on a GPU; none is available here")
     bench.refuse_in_capture()
     arch = require_arch(opts.arch)
-    lane = native_lane(arch, opts.family)
+    lane = registry.native_lane(arch, opts.family)
     if lane is None:
         raise RuntimeError(f"no {opts.family} lane is native to {arch}")
-    works = load_censuses(census_paths, opts.family)
-    # host issue cost per arm kind, for the eager part of the objective
-    a = torch.randn(16, 256, device="cuda", dtype=torch.float16)
-    w = torch.randn(256, 256, device="cuda", dtype=torch.float16)
-    host_us = {"torch": bench.host_overhead_us(lambda: torch.ops.oasr.gemm(a, w, None, "none", "torch"), 500),
-               "oasr": bench.host_overhead_us(lambda: torch.ops.oasr.gemm(a, w, None, "none", lane.default.id), 500)}
+    works = load_works(census_paths, opts.family)
+    # host issue cost per arm kind, for the eager part of the objective (families that charge it)
+    host_us = host_costs(opts.family, arch, opts.device)
     log_fh = open(opts.log, "a") if opts.log else None
     try:
         def one(work, points, o, result):
-            return measure_signature(work, points, o, lane, arch, host_us, log_fh, result)
+            cands = candidates_for(parts_of(work.signature), arch)
+            return measure_signature(work, points, o, cands, lane.name, host_us, log_fh, result)
         return run_build(works, opts, arch, lane.name, one)
     finally:
         if log_fh is not None:
             log_fh.close()
 
 
-def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "torch"
+def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str | None = None
                      ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Partition a finished build's measurement log again, without a GPU (a changed partition rule is scored
-    and applied offline). Uses each record's median (the objective), weight and fill flag. Returns the entries
+    and applied offline). Uses each record's median (the objective), weight and fill flag. The fallback arm is
+    the signature's family's (its candidates' ``fallback``) unless `fallback` names one. Returns the entries
     and the soft validators the log's measurements were taken under (None when the log does not say)."""
     from collections import defaultdict
 
@@ -312,22 +346,20 @@ def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str = "
             times[r["signature"]][int(r["m"])][r["config"]] = (r["median_s"], r.get("sigma_s", 0.0), r.get("n", 1))
             weights[r["signature"]][int(r["m"])] = float(r.get("weight", 1.0))
             l2[r["signature"]] = r.get("l2", "cold")
-    if fallback == "heuristic":
-        # The pseudo-arm is whatever tile the *current* heuristic picks, timed by its own record at that point:
-        # a refitted heuristic is partitioned against its own choices, not the ones the log was measured with.
-        import importlib
-
-        smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
-        for sig, rows in times.items():
-            kv = dict(p.split("=", 1) for p in sig.split("|")[1:])
-            for m, row in rows.items():
-                tile = smm.heuristic_config(m, int(kv["N"]), int(kv["K"]), opts.arch or "sm90")
-                if tile in row:
-                    row["heuristic"] = row[tile]
+    arch = opts.arch or "sm90"
     out = {}
     for sig in sorted(times):
-        part = partition_signature(dict(times[sig]), weights[sig], fallback=fallback, min_speedup=opts.min_speedup,
-                                   max_loss=opts.max_loss,
+        parts = parse_signature(sig)
+        cands = candidates_for(parts, arch) if parts is not None else []
+        # A pseudo-arm is whatever tile the *current* rule picks, timed by its own record at that point: a
+        # refitted heuristic is partitioned against its own choices, not the ones the log was measured with.
+        for c in pseudo_arms(cands):
+            for m, row in times[sig].items():
+                tile = c.config_at(Point(m, n=parts.n, k=parts.k, op=parts.op, family=parts.family))
+                if tile in row:
+                    row[c.id] = row[tile]
+        part = partition_signature(dict(times[sig]), weights[sig], fallback=fallback or fallback_id(cands),
+                                   min_speedup=opts.min_speedup, max_loss=opts.max_loss,
                                    evidence_extra={m: {"_l2": l2[sig]} for m in times[sig]})
         out[sig] = part.entry(source="aot")
     return out, stamp
@@ -356,8 +388,7 @@ def _run(args: argparse.Namespace) -> int:
 
         a = require_arch(args.arch)
         lane = native_lane(a, args.family)
-        entries, stamp = entries_from_log(args.from_log, opts,
-                                          fallback="heuristic" if args.family == "scaled_mm" else "torch")
+        entries, stamp = entries_from_log(args.from_log, opts)
         if args.stamp_from:  # a log written before logs carried validators: take the GPU-written file's stamp
             stamp = json.loads(Path(args.stamp_from).read_text())["validators"]
         if stamp is None:
@@ -370,16 +401,13 @@ def _run(args: argparse.Namespace) -> int:
     if not args.census:
         print("oasr tune build: --census is required (or --from-log)", file=sys.stderr)
         return 2
-    if args.family == "scaled_mm":
-        from .build_scaled_mm import build_scaled_mm
-
-        if not args.log:  # the int8 family keeps its own default log and checkpoints beside the gemm ones
-            opts.log = opts.log.with_name(opts.log.stem + "-scaled_mm.jsonl")
+    if args.family != default_family():
+        # every other family keeps its own default log and checkpoints beside the default family's
+        if not args.log:
+            opts.log = opts.log.with_name(opts.log.stem + f"-{args.family}.jsonl")
         if not args.checkpoint_dir:
-            opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + "-scaled_mm")
-        res = build_scaled_mm(args.census, opts)
-    else:
-        res = build(args.census, opts)
+            opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + f"-{args.family}")
+    res = build(args.census, opts)
     print(json.dumps({"signatures": len(res.entries), "resumed": len(res.resumed),
                       "points_measured": res.points_measured, "arms_measured": res.arms_measured,
                       "measure_s": round(res.measure_s, 1), "wall_s": round(res.wall_s, 1),
@@ -394,7 +422,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stamp-from", help="with --from-log: stamp the file with this DB file's validators (the "
                                         "measuring run's), for logs that do not record them")
     p.add_argument("--out", default="user", help="user | system | a directory")
-    p.add_argument("--family", default="gemm", choices=["gemm", "scaled_mm"])
+    p.add_argument("--family", default=default_family(), choices=tunable_families())
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
     p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
     p.add_argument("--max-points", type=int, default=16)

@@ -23,10 +23,11 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 from ..runtime.select import resolve_in_table
+from .points import Point
 
 __all__ = [
     "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
@@ -114,32 +115,25 @@ def read_log(path: str) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
-class _Point:
-    signature: str
-    m: int
-    weight: float = 0.0
-    arms: dict[str, float] = field(default_factory=dict)
-
-
-def _points(records: Iterable[Mapping[str, Any]]) -> list[_Point]:
-    """Group records by (signature, m). A later record of the same arm replaces an earlier one (the log is
-    appended to, so the last measurement is the current one). Records without a finite positive median
-    (a failed arm) are skipped. The point weight is the largest weight any of its records carries."""
-    pts: dict[tuple[str, int], _Point] = {}
+def _points(records: Iterable[Mapping[str, Any]]) -> list[tuple[Point, dict[str, float]]]:
+    """Group records by (signature, m): each point with its measured arms ``{config: seconds}``. A later record
+    of the same arm replaces an earlier one (the log is appended to, so the last measurement is the current
+    one). Records without a finite positive median (a failed arm) are skipped. The point weight is the largest
+    weight any of its records carries."""
+    pts: dict[tuple[str, int], tuple[Point, dict[str, float]]] = {}
     for r in records:
         try:
             sig, m, cfg = str(r["signature"]), int(r["m"]), str(r["config"])
             t = float(r["median_s"])
         except (KeyError, TypeError, ValueError):
             continue
-        p = pts.setdefault((sig, m), _Point(sig, m))
+        p, arms = pts.setdefault((sig, m), (Point(m, signature=sig), {}))
         w = r.get("weight")
         if w is not None:
             p.weight = max(p.weight, float(w))
         if math.isfinite(t) and t > 0:
-            p.arms[cfg] = t
-    return [p for _, p in sorted(pts.items()) if p.arms]
+            arms[cfg] = t
+    return [pa for _, pa in sorted(pts.items()) if pa[1]]
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -181,23 +175,23 @@ def _nearest_rank(xs: list[float], q: float) -> float:
     return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
-def _score(pts: list[_Point], select: SelectorFn) -> SelectorScore:
+def _score(pts: list[tuple[Point, dict[str, float]]], select: SelectorFn) -> SelectorScore:
     rows: list[PointRegret] = []
     unmeasured = uncovered = 0
     # Unit weights when the log carries none, so an unweighted log still gets a (plain) geomean.
-    unit = not any(p.weight > 0 for p in pts)
-    for p in pts:
-        oracle = min(p.arms, key=lambda c: (p.arms[c], c))
+    unit = not any(p.weight > 0 for p, _ in pts)
+    for p, arms in pts:
+        oracle = min(arms, key=lambda c: (arms[c], c))
         cfg = select(p.signature, p.m)
         w = 1.0 if unit else p.weight
         if cfg is None:
             uncovered += 1
             rows.append(PointRegret(p.signature, p.m, w, None, oracle, None))
-        elif cfg not in p.arms:
+        elif cfg not in arms:
             unmeasured += 1
             rows.append(PointRegret(p.signature, p.m, w, cfg, oracle, None))
         else:
-            rows.append(PointRegret(p.signature, p.m, w, cfg, oracle, p.arms[cfg] / p.arms[oracle] - 1.0))
+            rows.append(PointRegret(p.signature, p.m, w, cfg, oracle, arms[cfg] / arms[oracle] - 1.0))
     scored = [r for r in rows if r.regret is not None]
     if not scored:
         return SelectorScore(0, unmeasured, uncovered, None, None, None, rows)
@@ -263,7 +257,7 @@ def plot(result: Mapping[str, Any], path: str) -> bool:
             pts = sorted((p.m, p.regret) for p in s.points if p.signature == sig and p.regret is not None)
             if pts:
                 ax.plot([m for m, _ in pts], [100.0 * r for _, r in pts], marker=".", label=name)
-        ax.set_title(sig.replace("gemm|", "").replace("scaled_mm|", ""), fontsize=8)
+        ax.set_title(sig.split("|", 1)[-1], fontsize=8)  # without the family prefix: short titles
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(True, alpha=0.3)
@@ -301,19 +295,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _native_default(arch: str | None) -> str | None:
+def _native_default(arch: str | None) -> Callable[[str], Union[str, None]]:
+    """signature -> the default config id of its family's native lane on `arch` (None: no such lane)."""
     from ..runtime.registry import native_lane
     from ..runtime.arch import current_arch_family, normalize_arch
 
     a = normalize_arch(arch) if arch else (current_arch_family() or "sm90")
-    lane = native_lane(a)
-    return lane.default.id if lane else None
+
+    def default_of(sig: str) -> str | None:
+        lane = native_lane(a, sig.split("|", 1)[0])
+        return lane.default.id if lane else None
+    return default_of
 
 
-def _sentinel_as(fn: SelectorFn, sentinel: str, config: str) -> SelectorFn:
+def _sentinel_as(fn: SelectorFn, sentinel: str, config: Callable[[str], Union[str, None]]) -> SelectorFn:
     def wrapped(sig: str, m: int):
         c = fn(sig, m)
-        return config if c == sentinel else c
+        return (config(sig) or c) if c == sentinel else c
     return wrapped
 
 
@@ -340,9 +338,9 @@ def handler(args: argparse.Namespace) -> int:
         selectors.setdefault(const, constant_selector(const))
     # A build log names the default arm by its config id: score the `default` sentinel as that id (unless
     # the log recorded an arm literally named `default`).
-    default_id = args.default_config or _native_default(args.arch)
-    if default_id and not any(r.get("config") == "default" for r in records):
-        selectors = {name: _sentinel_as(fn, "default", default_id) for name, fn in
+    default_of = (lambda sig: args.default_config) if args.default_config else _native_default(args.arch)
+    if not any(r.get("config") == "default" for r in records):
+        selectors = {name: _sentinel_as(fn, "default", default_of) for name, fn in
                      ((n, as_selector(sel, miss=miss)) for n, sel in selectors.items())}
     result = evaluate(records, selectors, miss=miss)
     if args.json:

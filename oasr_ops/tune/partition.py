@@ -34,6 +34,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from .points import Point
 from .stats import Estimate
 
 __all__ = [
@@ -403,19 +404,8 @@ def partition_signature(
 
 # ---------------------------------------------------------------------------------------------- thinning
 
-@dataclass
-class CensusPoint:
-    """One census M of a signature. ``weight``: its share of the objective; ``calls``: calls per workload;
-    ``must_tune``: strict mode refuses to run it untuned; ``eager_fraction``: share of its calls issued eagerly
-    (the alpha of the objective)."""
-
-    m: int
-    weight: float = 0.0
-    calls: int = 0
-    must_tune: bool = False
-    eager_fraction: float = 0.0
-
-
+# One census M of a signature: the offline tools' shared point (m, weight, calls, must_tune, eager_fraction, ...).
+CensusPoint = Point
 
 
 def _get(p: Any, name: str, default: Any) -> Any:

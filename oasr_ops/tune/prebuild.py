@@ -1,10 +1,11 @@
 """`oasr tune prebuild`: compile kernels for `OASR_CUDA_ARCH_LIST` without a GPU.
 
-Default set: the production compile set of every gemm lane that runs on the target arch (DB references + lane
-default + coverage basis) and of the native int8 scaled_mm lane (the same, plus every tile the heuristic
-answers; fp16/bf16 output kernels and, for data-parallel tiles, the quantizing variant) and of the native bmm
-lane (lane default, coverage basis and DB references, both B layouts); `--all` the whole spaces; `--configs ID
-...` exactly those gemm configs. `--family gemm|scaled_mm|bmm` narrows to one family.
+Every registered family that supplies ``handlers["prebuild_specs"]`` (fn(arch, all_, dtypes, configs=None) ->
+JitSpecs) contributes its set: by default its production compile set (gemm: DB references + lane default +
+coverage basis of every lane on the arch; int8 scaled_mm: the same plus every heuristic tile, with the quantizing
+variant; bmm: both B layouts), with `--all` its whole spaces, with `--configs ID ...` exactly those configs (each
+built by the first family, in registration order, with a lane on the arch that holds it). `--family` narrows to
+one family; its choices are the registry's.
 """
 from __future__ import annotations
 
@@ -12,64 +13,39 @@ import argparse
 import os
 import sys
 
-from ..families.gemm.kernels import DTYPES, lanes_for, production_configs, specs_for
+from .. import families as _families  # noqa: F401  (fills the registry)
 from ..codegen.jit import JitSpec, build_many, nvcc_path
 from ..configs import ConfigError, parse
+from ..runtime import registry
 from ..runtime.arch import normalize_arch
+
+DTYPES = ("fp16", "bf16")  # the half-precision output dtypes a prebuild compiles by default
+
+
+def prebuild_families() -> list[str]:
+    """Families with a prebuild set, in registration order (the `--family` choices)."""
+    return [name for name, spec in registry.families().items() if spec.handler("prebuild_specs") is not None]
 
 
 def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[str, ...],
                family: str | None = None) -> list[JitSpec]:
-    specs: list[JitSpec] = []
-    lanes = lanes_for(arch)
-    if not lanes:
+    names = prebuild_families()
+    if not any(registry.lanes_for(arch, f) for f in names):
         raise SystemExit(f"oasr tune prebuild: no GEMM lane runs on {arch}")
+    specs: list[JitSpec] = []
     if configs:
         for cid in configs:
             cfg = parse(cid)
-            lane = next((l for l in lanes if cfg in l.space), None)
-            if lane is None:
+            owner = next((f for f in names if any(cfg in lane.space for lane in registry.lanes_for(arch, f))), None)
+            if owner is None:
                 raise SystemExit(f"oasr tune prebuild: {cid} is in no lane that runs on {arch}")
-            specs += specs_for(lane, [cfg], dtypes, arch)
+            specs += registry.get(owner).handler("prebuild_specs")(arch, False, dtypes, configs=[cfg])
         return specs
-    if family in (None, "gemm"):
-        for lane in lanes:
-            chosen = list(lane.space) if all_ else production_configs(lane, arch)
-            specs += specs_for(lane, chosen, dtypes, arch)
-    if family in (None, "scaled_mm"):
-        specs += _scaled_mm_specs(arch, all_, dtypes)
-    if family in (None, "bmm"):
-        specs += _bmm_specs(arch, all_, dtypes)
+    for name in names:
+        if family in (None, name):
+            specs += registry.get(name).handler("prebuild_specs")(arch, all_, dtypes)
     # The heaviest (3.x) compiles first so the pool's tail is short ones.
     return sorted(specs, key=lambda s: -s.est_memory)
-
-
-def _scaled_mm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
-    import importlib
-
-    from ..runtime.registry import native_lane
-
-    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
-    lane = native_lane(arch, "scaled_mm")
-    if lane is None:
-        return []
-    chosen = list(lane.space) if all_ else smm.production_configs(arch)
-    specs = [JitSpec.for_kernel(lane, c, dt, arch) for c in chosen for dt in dtypes]
-    # the quantizing launcher (int8 output) exists for data-parallel tiles only
-    specs += [JitSpec.for_kernel(lane, c, "int8", arch) for c in chosen if c.kernel_schedule != "streamk"]
-    return specs
-
-
-def _bmm_specs(arch: str, all_: bool, dtypes: tuple[str, ...]) -> list[JitSpec]:
-    from ..runtime.registry import native_lane
-    from ..families.bmm.lanes import B_MAJORS, kernel_variant
-
-    lane = native_lane(arch, "bmm")
-    if lane is None:
-        return []
-    chosen = list(lane.space) if all_ else production_configs(lane, arch)
-    return [JitSpec.for_kernel(lane, c, kernel_variant(dt, mj), arch) for c in chosen for dt in dtypes
-            for mj in B_MAJORS]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -101,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--all", action="store_true", help="the whole config space of every lane")
     p.add_argument("--arch", help="override OASR_CUDA_ARCH_LIST (e.g. 9.0a)")
     p.add_argument("--dtypes", help="comma list of fp16,bf16 (default both)")
-    p.add_argument("--family", choices=["gemm", "scaled_mm", "bmm"], help="one kernel family only (default: all)")
+    p.add_argument("--family", choices=prebuild_families(), help="one kernel family only (default: all)")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (capped by free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

@@ -13,9 +13,10 @@
    be reset while Dynamo is compiling). On a CPU nothing is measured and the report says so.
 4. strict: any point still uncovered raises `UncoveredPointsError` naming them.
 
-`measure_points` times with the shared bench protocol (oasr_ops.tune.bench): it takes the points (gemm and
-scaled_mm) and a budget and returns ``{(signature, dtype, m): (config, seconds)}``; one budget covers both
-families; nothing else here knows how timing works.
+`measure_points` times with the shared bench protocol (oasr_ops.tune.bench): it takes the points (of any family
+with a candidate factory, `oasr_ops.tune.candidates`) and a budget and returns
+``{(signature, dtype, m): (config, seconds)}``; one budget covers every family; nothing else here knows how
+timing works.
 """
 from __future__ import annotations
 
@@ -23,17 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-
-@dataclass(frozen=True)
-class Point:
-    signature: str   # dt=half spelling
-    family: str
-    op: str
-    dtype: str       # fp16 | bf16
-    n: int
-    k: int
-    m: int
-    weight: float = 0.0
+from .points import Point  # signature in the dt=half spelling; dtype: fp16 | bf16
 
 
 @dataclass
@@ -63,7 +54,8 @@ def _points_from_sites(sites: Sequence[Any]) -> list[Point]:
         if m is None or m <= 0:
             continue
         sig = database.signature(s.family, s.op, "half", s.n, s.k)
-        seen.setdefault((sig, s.dtype, m), Point(sig, s.family, s.op, s.dtype, s.n, s.k, int(m)))
+        seen.setdefault((sig, s.dtype, m), Point(int(m), signature=sig, family=s.family, op=s.op, dtype=s.dtype,
+                                                 n=s.n, k=s.k))
     return list(seen.values())
 
 
@@ -73,8 +65,8 @@ def points_from_census(doc: Any) -> list[Point]:
     out = []
     for sig, meta, p in must_tune_points(load_census(doc)):
         for dt in meta.get("dtypes") or ["fp16"]:
-            out.append(Point(sig, meta["family"], meta["op"], dt, int(meta["n"]), int(meta["k"]), int(p["m"]),
-                             float(p.get("weight", 0.0))))
+            out.append(Point(int(p["m"]), float(p.get("weight", 0.0)), signature=sig, family=meta["family"],
+                             op=meta["op"], dtype=dt, n=int(meta["n"]), k=int(meta["k"])))
     return out
 
 
@@ -141,105 +133,53 @@ def is_covered(p: Point, arch: str | None = None) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- measuring
 
-def _candidates(arch: str, n: int, k: int, m: int) -> list[str]:
-    from ..runtime.registry import native_lane
-
-    lane = native_lane(arch)
-    if lane is None:
-        return ["torch"]
-    ids = []
-    for c in (lane.default, *lane.coverage_basis):
-        if c.id not in ids and lane.infeasible_reason(c, m=m, n=n, k=k, arch_family=arch) is None:
-            ids.append(c.id)
-    return ids + ["torch"]
-
-
 def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, str, int], tuple[str, float]]:
-    """Each point's winner among its candidates (the lane's feasible configs that are already compiled or in
-    the production set, and torch), measured with the shared protocol (bench.measure: CUDA graphs of N >= 8
-    calls, separator kernel subtracted, shuffled interleaved rounds, median); points in order until the
-    budget runs out. Every candidate passes the numeric gate first. Returns {(signature, dtype, m): (config, s)}.
+    """Each point's winner among its family's prewarm candidates (gemm: the lane's feasible configs that are in
+    the production set, and torch; scaled_mm: every eligible tile and the heuristic's), measured with the shared
+    protocol (bench.measure: CUDA graphs of N >= 8 calls, separator kernel subtracted, shuffled interleaved
+    rounds, median); points in order until the budget runs out. Every candidate passes its numeric gate first.
+    Returns {(signature, dtype, m): (config, s)}.
     """
     import torch
 
     from . import bench
     from ..runtime.arch import current_arch_family
-    from .stats import numeric_gate
 
     arch = current_arch_family()
     if not torch.cuda.is_available() or arch is None:
         return {}
     bench.refuse_in_capture()
     deadline = time.monotonic() + budget_s
-    dt_map = {"fp16": torch.float16, "bf16": torch.bfloat16}
     out: dict[tuple[str, str, int], tuple[str, float]] = {}
     for p in points:
         if time.monotonic() > deadline:
             break
-        if p.family == "scaled_mm":
-            win = _measure_scaled_mm_point(p, arch)
-            if win is not None:
-                out[(p.signature, p.dtype, p.m)] = win
-            continue
-        dtype = dt_map.get(p.dtype, torch.float16)
-        a = torch.randn(p.m, p.k, device="cuda", dtype=dtype)
-        w = torch.randn(p.n, p.k, device="cuda", dtype=dtype) / p.k ** 0.5
-        bias = torch.randn(p.n, device="cuda", dtype=dtype)
-        act = "none" if p.op == "gemm" else "silu"
-        ref = torch.nn.functional.linear(a.double(), w.double(), bias.double())
-        ref = torch.nn.functional.silu(ref) if act == "silu" else ref
-        cublas = torch.ops.oasr.gemm(a, w, bias, act, "torch")
-        arms = {}
-        for cfg in _candidates(arch, p.n, p.k, p.m):
-            if time.monotonic() > deadline:
-                break
-            try:
-                ok, _why = numeric_gate(torch.ops.oasr.gemm(a, w, bias, act, cfg), ref, cublas)
-            except Exception:  # a config that cannot build/run here is not a candidate
-                continue
-            if ok:
-                arms[cfg] = [lambda c=cfg: torch.ops.oasr.gemm(a, w, bias, act, c)] * bench.MIN_CALLS
-        if not arms:
-            continue
-        res = bench.measure(arms, rounds=5)
-        cfg, r = min(res.items(), key=lambda kv: kv[1].estimate.median_s)
-        out[(p.signature, p.dtype, p.m)] = (cfg, r.estimate.median_s)
+        win = measure_point(p, arch, deadline)
+        if win is not None:
+            out[(p.signature, p.dtype, p.m)] = win
     return out
 
 
-def _measure_scaled_mm_point(p: Point, arch: str) -> tuple[str, float] | None:
-    """The int8 point's winner among every eligible tile and the heuristic's (same bench protocol); every tile
-    computes the same bits, so the gate is bitwise equality with the heuristic's output. Stream-K is eligible
-    here because this is a measured entry (the quantizing op never gets one)."""
-    import importlib
-
-    import torch
-
+def measure_point(p: Point, arch: str, deadline: float | None = None, device: Any = "cuda"
+                  ) -> tuple[str, float] | None:
+    """The point's winner (config, seconds) among its family's gated prewarm candidates, or None when none
+    passes (or the family cannot be measured). A candidate that cannot build or run here is not one. A
+    Stream-K tile is eligible here because a prewarm entry is a measured one."""
     from . import bench
+    from .candidates import candidates_for, gate_candidates, operands_for, parts_of
+    from ..runtime import registry
 
-    smm = importlib.import_module("oasr_ops.families.scaled_mm.ops")
-    quant = p.op == "scaled_mm_quant"
-    a = torch.randint(-127, 128, (p.m, p.k), device="cuda", dtype=torch.int8)
-    w = torch.randint(-127, 128, (p.n, p.k), device="cuda", dtype=torch.int8)
-    sa = torch.rand(p.m, device="cuda") * 0.01 + 0.001
-    sw = torch.rand(p.n, device="cuda") * 0.01 + 0.001
-    out_scale = torch.tensor([0.05], device="cuda")
-
-    def call(cfg):
-        if quant:
-            return torch.ops.oasr.scaled_mm_quant(a, w, sa, sw, None, out_scale, cfg)
-        return torch.ops.oasr.scaled_mm(a, w, sa, sw, None, torch.float16, cfg)
-
-    ref = call("heuristic")
-    arms = {}
-    for cfg in smm.variants_for(p.n, p.k, quant, arch):
-        try:
-            ok = torch.equal(call(cfg), ref)
-        except Exception:  # a tile that cannot build/run here is not a candidate
-            continue
-        if ok:
-            arms[cfg] = [lambda c=cfg: call(c)] * bench.MIN_CALLS
-    arms["heuristic"] = [lambda: call("heuristic")] * bench.MIN_CALLS
+    spec = registry.get(p.family)
+    if spec.handler("candidates") is None or spec.handler("operands") is None:
+        return None
+    cands = [c for c in candidates_for(parts_of(p.signature), arch) if c.prewarm and c.feasible(p) is None]
+    if not cands:
+        return None
+    ops = operands_for(p, device, seed=p.m)
+    passed, _rejected = gate_candidates(cands, ops, catch=True, deadline=deadline)
+    if not passed:
+        return None
+    arms = {c.id: [c.make_call(ops)] * bench.MIN_CALLS for c in passed}
     res = bench.measure(arms, rounds=5)
     cfg, r = min(res.items(), key=lambda kv: kv[1].estimate.median_s)
     return cfg, r.estimate.median_s
@@ -286,11 +226,14 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
             rep.published = publish_winners(rep.measured)
             if rep.published:
                 if inside_compile:
-                    from .. import library
                     from . import database
+                    from ..runtime import registry
 
                     database.reload()
-                    library.reset_plans()
+                    for spec in registry.families().values():  # every family's plan cache
+                        reset = spec.handler("reset_plans")
+                        if reset is not None:
+                            reset()
                 else:
                     from ..tuning import reload_tuning
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...codegen.render import render
 from ...runtime import registry
+from . import candidates, prebuild
 from . import ops  # noqa: F401  (registers torch.ops.oasr.bmm)
 from .lanes import LANES
 
@@ -18,5 +19,7 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="torch",
     no_arch="torch",
     render=render,
-    handlers={"reset_plans": ops.reset_plans, "served": ops.served},
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served,
+              "candidates": candidates.candidates, "operands": candidates.operands,
+              "prebuild_specs": prebuild.prebuild_specs},
 ))

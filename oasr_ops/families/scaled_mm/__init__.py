@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...codegen.render import render
 from ...runtime import registry
+from . import candidates, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from .lanes import LANES
 
@@ -21,5 +22,7 @@ FAMILY = registry.register(registry.FamilySpec(
     streamk_measured_only=True,
     no_streamk_ops=("scaled_mm_quant",),
     render=render,
-    handlers={"reset_plans": ops.reset_plans, "served": ops.served},
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served,
+              "candidates": candidates.candidates, "operands": candidates.operands,
+              "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from},
 ))
