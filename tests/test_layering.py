@@ -126,6 +126,66 @@ def _docstring_nodes(tree: ast.Module) -> set[int]:
     return out
 
 
+def bound_names(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level (in any branch of an ``if``/``try``/``with``/loop there, plus
+    ``global`` ones); None when that cannot be known statically (``import *`` or a module ``__getattr__``)."""
+    names: set[str] = set()
+
+    def targets(t: ast.expr) -> None:
+        if isinstance(t, ast.Name):
+            names.add(t.id)
+        elif isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                targets(e)
+        elif isinstance(t, ast.Starred):
+            targets(t.value)
+
+    def visit(stmts: list[ast.stmt]) -> bool:
+        for st in stmts:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if st.name == "__getattr__":
+                    return False
+                names.add(st.name)
+            elif isinstance(st, ast.Import):
+                names.update(a.asname or a.name.split(".")[0] for a in st.names)
+            elif isinstance(st, ast.ImportFrom):
+                if any(a.name == "*" for a in st.names):
+                    return False
+                names.update(a.asname or a.name for a in st.names)
+            elif isinstance(st, ast.Assign):
+                for t in st.targets:
+                    targets(t)
+            elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+                targets(st.target)
+            elif isinstance(st, (ast.For, ast.AsyncFor)):
+                targets(st.target)
+            elif isinstance(st, (ast.With, ast.AsyncWith)):
+                for item in st.items:
+                    if item.optional_vars is not None:
+                        targets(item.optional_vars)
+            for field in ("body", "orelse", "finalbody"):
+                if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if not visit(getattr(st, field, None) or []):
+                        return False
+            for handler in getattr(st, "handlers", None) or []:
+                if handler.name:
+                    names.add(handler.name)
+                if not visit(handler.body):
+                    return False
+        return True
+
+    if not visit(tree.body):
+        return None
+    names.update(("__file__", "__name__", "__doc__", "__path__", "__spec__", "__loader__", "__package__",
+                  "__dict__", "__builtins__", "__cached__"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+        elif isinstance(node, ast.NamedExpr):
+            targets(node.target)
+    return names
+
+
 def _imports(tree: ast.Module, module: str, is_pkg: bool, top: str) -> list[tuple[str, list[str], int, str]]:
     """(base, names, line, how): `base` is the absolute module named; `names` the from-imported names ([] for
     ``import x`` and importlib)."""
@@ -178,9 +238,11 @@ def build_graph(root: Path, package: str = PACKAGE) -> Graph:
     modules = discover(root, package)
     edges: dict[tuple[str, str, int], Edge] = {}
     unresolved: list[str] = []
+    trees = {m: ast.parse(p.read_text(encoding="utf-8"), filename=str(p)) for m, p in modules.items()}
+    bound = {m: bound_names(t) for m, t in trees.items()}
     for module, path in modules.items():
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = trees[module]
         for base, names, line, how in _imports(tree, module, path.name == "__init__.py", package):
             if base != package and not base.startswith(package + "."):
                 continue  # not ours
@@ -188,6 +250,9 @@ def build_graph(root: Path, package: str = PACKAGE) -> Graph:
                 if how != COMPUTED:
                         unresolved.append(f"{rel}:{line}: {base}")
                 continue
+            missing = [n for n in names if n != "*" and f"{base}.{n}" not in modules
+                       and bound[base] is not None and n not in bound[base]]
+            unresolved.extend(f"{rel}:{line}: {base} has no {n!r}" for n in missing)
             targets = [f"{base}.{n}" if f"{base}.{n}" in modules else base for n in names] or [base]
             for target in targets:
                 if target != module:
@@ -357,18 +422,21 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_checker_finds_cycles_upward_imports_and_long_modules(tmp_path):
     _write(tmp_path, {
         "pkg/__init__.py": "from . import top\n",
-        "pkg/low/__init__.py": "",
-        "pkg/low/a.py": "from . import b\n",                                   # same layer: allowed
+        "pkg/low/__init__.py": "gone = 1\n",
+        "pkg/low/a.py": "from . import b\nthing = 1\n",                                 # same layer: allowed
         "pkg/low/b.py": "def f():\n    from pkg.low import a\n",             # deferred import closes a -> b -> a
         "pkg/low/c.py": "import importlib\nm = importlib.import_module('pkg.high.h')\n",  # upward, by string
         "pkg/low/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high import h\n",
         "pkg/high/__init__.py": "",
         "pkg/low/e.py": "",
+        "pkg/low/g.py": ("try:\n    import x as A\nexcept ImportError:\n    A = None\nif A:\n    B, (C, D) = 1, (2, 3)\n"
+                         "def f():\n    global E\n    E = 1\n"),
         "pkg/mid/__init__.py": "",
         "pkg/mid/m.py": "from ..low import e\n",          # down a layer, but into a forbidden package
         "pkg/high/h.py": "from ..low.a import thing\nfrom pkg.low import e, gone\n" + "x = 1\n" * 10,
+        "pkg/high/ok.py": "from ..low.g import A, B, C, D, E\n",                  # names bound in odd places
         "pkg/high/dyn.py": "import importlib\nN = ('pkg.top',)\nfor n in N:\n    importlib.import_module(n)\n",
-        "pkg/top.py": "import pkg.missing\n",
+        "pkg/top.py": "import pkg.missing\nfrom pkg.low.e import nothing\n",
     })
     layers = {"pkg.low": 0, "pkg.mid": 1, "pkg.high": 1, "pkg": 2, "pkg.top": 2}
     g = build_graph(tmp_path, "pkg")
@@ -391,7 +459,7 @@ def test_checker_finds_cycles_upward_imports_and_long_modules(tmp_path):
         "pkg.mid.m -> pkg.low.e (L1 -> L0, forbidden)",
     ], up
     assert "importlib" in up[1] and "type-checking" in up[2]
-    assert g.unresolved == ["pkg/top.py:1: pkg.missing"]
+    assert g.unresolved == ["pkg/top.py:1: pkg.missing", "pkg/top.py:2: pkg.low.e has no 'nothing'"]
     assert long_modules(g, tmp_path, limit=10) == ["pkg/high/h.py: 12 lines"]
     assert layer_of("pkg.other", layers, "pkg") is None and layer_of("pkg", layers, "pkg") == 2
 
