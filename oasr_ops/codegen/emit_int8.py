@@ -20,6 +20,8 @@ from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOper
 
 from ..configs import Config
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
+from .templates import ABI_VERSION
+from .templates import environment as _env
 
 OUT_DTYPES = ("fp16", "bf16", "int8")
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
@@ -151,8 +153,6 @@ def emit_sm80_int8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
 
 def render_scaled_mm(lane, config: Config, dtype: str) -> str:
     """The full translation unit of one scaled_mm kernel (`render.render` dispatches here by lane family)."""
-    from .render import ABI_VERSION, _env
-
     if dtype not in OUT_DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (output dtypes {', '.join(OUT_DTYPES)})")
     if config not in lane.space:

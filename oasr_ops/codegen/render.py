@@ -5,28 +5,11 @@ same cache entry.
 """
 from __future__ import annotations
 
-import functools
-
-from ..configs import Config
-from ..paths import templates_dir
-from ..configs import Lane
-
-# Bumped when the C launcher's signature changes; the loader refuses a library with another version.
-ABI_VERSION = 1
+from ..configs import Config, Lane
+from .templates import ABI_VERSION  # noqa: F401  (re-exported: the loader checks it)
+from .templates import environment as _env
 
 _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
-
-
-@functools.lru_cache(maxsize=1)
-def _env():
-    import jinja2  # on the first render, not with the package
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
 
 
 def render(lane: Lane, config: Config, dtype: str) -> str:
