@@ -35,7 +35,7 @@ from ..paths import cutlass_include_dirs, jit_dir, nvcc_path, nvcc_version  # no
 from .render import ABI_VERSION, render
 
 # Peak resident memory of one nvcc, measured on the CPU box (notes/cutlass.md), with headroom.
-_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9}
+_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9, "dw": 0.8e9}
 
 
 class BuildError(RuntimeError):
