@@ -25,6 +25,9 @@ Simplifications, stated so nobody mistakes this for a paper-exact model:
   same thing, but as ``nn.Linear`` the GEMMs (M = B*T', N in {2d, d}, K = d) are visible to a graph pass that
   rewrites ``aten.addmm``/``aten.linear``; a 1x1 convolution would hide them inside ``aten.convolution``.
   The subsampling convs and the depthwise conv stay convolutions (they are not plain GEMMs).
+  ``conv_impl="conv1d"`` writes the module as ESPnet/NeMo/HF do instead, on ``(B, d, T)`` after one transpose:
+  ``Conv1d(d, 2d, 1) -> GLU(dim=1) -> depthwise Conv1d(d, d, k, groups=d) -> BatchNorm1d -> SiLU ->
+  Conv1d(d, d, 1)`` (the form whose depthwise conv the ``conv1d`` family rewrites in the [B, C, T] layout).
 * q/k/v are one fused ``Linear(d, 3d)`` (``fused_qkv=False`` gives three ``Linear(d, d)``, the ESPnet layout).
 * Dropout exists (p=0.1, like a training recipe) but the model is returned in eval mode, where it is skipped
   entirely (no ``dropout`` node in a traced or exported graph).
@@ -91,6 +94,7 @@ class ConformerConfig:
     dropout: float = 0.1                # inactive in eval mode; kept so train() behaves like a recipe
     layer_norm_eps: float = 1e-5
     attention: str = "sdpa"             # "sdpa" (absolute positions) or "rel_pos" (relative, explicit matmuls)
+    conv_impl: str = "linear"           # conv module's pointwise convs: "linear" (nn.Linear) or "conv1d" (nn.Conv1d)
 
     def __post_init__(self) -> None:
         if self.d_model % self.num_heads:
@@ -103,6 +107,10 @@ class ConformerConfig:
             raise ValueError("d_model must be even for sinusoidal positions")
         if self.attention not in ("sdpa", "rel_pos"):
             raise ValueError(f"attention must be 'sdpa' or 'rel_pos', got {self.attention!r}")
+        if self.conv_impl not in ("linear", "conv1d"):
+            raise ValueError(f"conv_impl must be 'linear' or 'conv1d', got {self.conv_impl!r}")
+        if self.conv_impl == "conv1d" and self.conv_norm != "batch":
+            raise ValueError("conv_impl='conv1d' is the BatchNorm recipe (conv_norm='batch')")
 
 
 SIZES: dict[str, ConformerConfig] = {
@@ -259,12 +267,35 @@ class ConvolutionModule(nn.Module):
         return _dropout(self.pointwise2(F.silu(y)), self.dropout, self.training)
 
 
+class Conv1dConvolutionModule(nn.Module):
+    """The ESPnet/NeMo form: LayerNorm -> (B, d, T) -> Conv1d(d, 2d, 1) -> GLU(dim=1) -> depthwise Conv1d ->
+    BatchNorm1d -> SiLU -> Conv1d(d, d, 1) -> (B, T, d). Same parameters as `ConvolutionModule` (the pointwise
+    weights carry a trailing kernel dim of 1)."""
+
+    def __init__(self, cfg: ConformerConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.pointwise1 = nn.Conv1d(d, 2 * d, 1)
+        self.depthwise = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d)
+        self.conv_norm = nn.BatchNorm1d(d)
+        self.pointwise2 = nn.Conv1d(d, d, 1)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.glu(self.pointwise1(self.norm(x).transpose(1, 2)), dim=1)  # (B, d, T)
+        if mask is not None:
+            y = y.masked_fill(~mask[:, None, :], 0.0)  # padding frames must not leak into real ones
+        y = F.silu(self.conv_norm(self.depthwise(y)))
+        return _dropout(self.pointwise2(y).transpose(1, 2), self.dropout, self.training)
+
+
 class ConformerBlock(nn.Module):
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
         self.ff1 = FeedForward(cfg)
         self.mhsa = MultiHeadSelfAttention(cfg)
-        self.conv = ConvolutionModule(cfg)
+        self.conv = Conv1dConvolutionModule(cfg) if cfg.conv_impl == "conv1d" else ConvolutionModule(cfg)
         self.ff2 = FeedForward(cfg)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 

@@ -10,6 +10,10 @@ Id grammar (``_kN`` split-K and ``_aN`` alignment suffixes are omitted at their 
 * CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}]``
   with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K);
   no ``_s`` means the stage count is the builder's automatic smem carve-out.
+* Depthwise conv1d direct kernel (the conv1d family, ``templates/conv1d_depthwise.cu.j2``):
+  ``dw{T}x{C}_v{vec}_n{threads}`` — a CTA computes a tile of T frames x C channels, moves ``vec``-element
+  vectors along the contiguous dim, and runs ``threads`` threads. Every field is always written (no defaults);
+  as a `Config`: ``tile=(T, C, 1)``, ``kernel_schedule="depthwise"``, ``alignment=vec``, ``threads``.
 
 Nothing here is computed at import time from the environment; a lane's config space is a literal list.
 """
@@ -29,6 +33,7 @@ AUTO = "auto"
 
 SCHEDULES_2X = ("multistage",)
 SCHEDULES_3X = ("cooperative", "pingpong", "streamk")
+SCHEDULES_DW = ("depthwise",)
 _SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk"}
 _SCHED_LONG = {v: k for k, v in _SCHED_SHORT.items()}
 # The epilogue schedule is fixed by the kernel schedule for the TMA epilogues we emit; it is still an explicit
@@ -38,11 +43,18 @@ EPILOGUE_FOR_KERNEL = {
     "cooperative": "tma_cooperative",
     "pingpong": "tma",
     "streamk": "tma_cooperative",
+    "depthwise": "direct",
 }
 
 _ID_2X = re.compile(r"^b(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_k(\d+))?(?:_a(\d+))?$")
 _ID_3X = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pp|sk)(?:_s(\d+))?(?:_a(\d+))?$")
+_ID_DW = re.compile(r"^dw([1-9]\d*)x([1-9]\d*)_v([1-9]\d*)_n([1-9]\d*)$")
 _MAX_ID_LEN = 64
+# Depthwise-conv config bounds: what the template's thread mapping supports (outputs per thread R =
+# T * C / threads, 1..32, and a whole number of them per frame column).
+DW_VECS = (1, 2, 4, 8, 16)
+DW_THREADS = (32, 64, 128, 256, 512, 1024)
+DW_MAX_KW = 31
 
 
 class ConfigError(ValueError):
@@ -59,6 +71,7 @@ class Config:
     split_k: int = 1
     alignment: int = 8
     epilogue_schedule: str = field(default="")
+    threads: int = 0  # depthwise only: threads per CTA (0 for the GEMM generations, omitted from to_dict)
 
     def __post_init__(self) -> None:
         if not self.epilogue_schedule:
@@ -67,12 +80,16 @@ class Config:
 
     @property
     def generation(self) -> str:
-        """``"2x"`` (mma.sync multistage) or ``"3x"`` (TMA warp-specialized)."""
+        """``"2x"`` (mma.sync multistage), ``"3x"`` (TMA warp-specialized) or ``"dw"`` (depthwise conv1d)."""
+        if self.kernel_schedule == "depthwise":
+            return "dw"
         return "2x" if self.kernel_schedule == "multistage" else "3x"
 
     @property
     def id(self) -> str:
         m, n, k = self.tile
+        if self.generation == "dw":
+            return f"dw{m}x{n}_v{self.alignment}_n{self.threads}"
         if self.generation == "2x":
             wm, wn, wk = self.warp  # type: ignore[misc]
             s = f"b{m}x{n}x{k}_w{wm}x{wn}x{wk}_s{self.stages}"
@@ -88,6 +105,8 @@ class Config:
 
     @property
     def warp_count(self) -> tuple[int, int, int]:
+        if self.generation == "dw":
+            return (self.threads // 32, 1, 1)
         if self.generation == "2x":
             return tuple(t // w for t, w in zip(self.tile, self.warp))  # type: ignore[return-value]
         # 3.x: consumer warpgroups (4 warps each) as CUTLASS's TileDescription expects them.
@@ -103,6 +122,8 @@ class Config:
         d = asdict(self)
         d["tile"], d["cluster"] = list(self.tile), list(self.cluster)
         d["warp"] = list(self.warp) if self.warp else None
+        if not self.threads:
+            del d["threads"]  # the GEMM generations' DB tables stay as they were
         return d
 
     @staticmethod
@@ -117,6 +138,7 @@ class Config:
                 split_k=int(d.get("split_k", 1)),
                 alignment=int(d.get("alignment", 8)),
                 epilogue_schedule=str(d.get("epilogue_schedule", "")),
+                threads=int(d.get("threads", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
@@ -132,7 +154,34 @@ def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+def _validate_dw(c: Config) -> None:
+    """The depthwise generation's rules (a branch of its own: the GEMM rules below never see such a config)."""
+    tt, tc, one = c.tile if len(c.tile) == 3 else (0, 0, 0)
+    if not (all(isinstance(x, int) for x in c.tile) and one == 1 and 8 <= tt <= 512 and 8 <= tc <= 512
+            and _pow2(tt) and _pow2(tc)):
+        raise ConfigError(f"depthwise tile {c.tile} must be (T, C, 1) with T, C powers of two in 8..512")
+    if c.alignment not in DW_VECS:
+        raise ConfigError(f"depthwise vector width {c.alignment} not in {DW_VECS}")
+    if c.threads not in DW_THREADS:
+        raise ConfigError(f"depthwise threads {c.threads} not in {DW_THREADS}")
+    if c.epilogue_schedule != EPILOGUE_FOR_KERNEL["depthwise"]:
+        raise ConfigError(f"epilogue schedule {c.epilogue_schedule!r} does not go with 'depthwise'")
+    if c.warp is not None or c.stages or c.cluster != (1, 1, 1) or c.split_k != 1:
+        raise ConfigError("a depthwise config has no warp tile, stages, cluster or split-K")
+    work = tt * tc
+    if work % c.threads or not (1 <= work // c.threads <= 32) or tt % (work // c.threads):
+        raise ConfigError(f"depthwise tile {tt}x{tc} with {c.threads} threads: each thread must own 1..32 "
+                          "consecutive frames of one channel (T * C / threads dividing T)")
+    if tc % c.alignment or tt % c.alignment:
+        raise ConfigError(f"depthwise tile {tt}x{tc} is not a whole number of {c.alignment}-element vectors")
+
+
 def _validate(c: Config) -> None:
+    if c.kernel_schedule in SCHEDULES_DW:
+        _validate_dw(c)
+        return
+    if c.threads:
+        raise ConfigError("only depthwise configs have a thread count")
     if len(c.tile) != 3 or not all(isinstance(x, int) and 8 <= x <= 512 for x in c.tile):
         raise ConfigError(f"tile {c.tile} out of range")
     if c.kernel_schedule not in SCHEDULES_2X + SCHEDULES_3X:
@@ -181,6 +230,10 @@ def parse(config_id: str) -> Config:
         g = [int(x) if x else None for x in m.groups()]
         return Config(tile=(g[0], g[1], g[2]), warp=(g[3], g[4], g[5]), stages=g[6],
                       kernel_schedule="multistage", split_k=g[7] or 1, alignment=g[8] or 8)
+    m = _ID_DW.match(config_id)
+    if m:
+        tt, tc, vec, threads = (int(x) for x in m.groups())
+        return Config(tile=(tt, tc, 1), kernel_schedule="depthwise", alignment=vec, threads=threads)
     m = _ID_3X.match(config_id)
     if m:
         tm, tn, tk, cm, cn, sched, st, al = m.groups()
@@ -237,6 +290,8 @@ class Lane:
         return c
 
     def smem_needed(self, c: Config) -> int:
+        if c.generation == "dw":
+            return dw_smem_bytes(c, DW_MAX_KW)
         m, n, k = c.tile
         per_stage = (m * k + n * k) * self.operand_bytes
         stages = c.stages or 2  # auto carve-out picks what fits; the minimum must fit
@@ -255,6 +310,9 @@ class Lane:
                 return f"lane {self.name} does not run on {arch_family}"
             if self.smem_needed(c) > self.smem_bytes.get(arch_family, min(self.smem_bytes.values())):
                 return f"{c.id} needs {self.smem_needed(c)} B of shared memory"
+        if c.generation == "dw":
+            # N = channels and K = kernel width: any value runs (a misaligned call uses the kernel's scalar path)
+            return None if k is None or (k % 2 and 3 <= k <= DW_MAX_KW) else f"kernel width {k} is not odd 3..31"
         if n is not None and n % c.alignment:
             return f"N={n} not a multiple of alignment {c.alignment}"
         if k is not None:
@@ -264,3 +322,11 @@ class Lane:
             if c.split_k > k_tiles:
                 return f"split_k={c.split_k} exceeds the {k_tiles} K-tiles of K={k}"
         return None
+
+
+def dw_smem_bytes(c: Config, kw: int) -> int:
+    """An upper bound on a depthwise kernel's dynamic shared memory (templates/conv1d_depthwise.cu.j2 computes the
+    exact size): an fp32 input tile of (T + kw - 1 + 2 * vec) x C plus an fp32 output tile of (T + vec) x C, rows
+    padded to odd strides."""
+    tt, tc, _ = c.tile
+    return 4 * ((tt + kw - 1 + 2 * c.alignment + 1) * tc + (tt + c.alignment + 1) * tc)

@@ -133,9 +133,10 @@ def test_user_half_beats_system_specific(env):
 
 def test_conv1d_exact_points_and_regions(env):
     sig = "conv1d|op=conv1d|dt=half|N=384|K=1152"
+    A, B, C = "dw32x64_v8_n256", "dw64x64_v8_n256", "dw64x32_v16_n128"  # the depthwise lane's ids
     write_db(env.system, "conv1d", {sig: {"points": {"1x3000": A, "2x3000": C}},
                                      "conv1d|op=conv1d|dt=half|N=512|K=1536": {"regions": [[4096, B]]}},
-             lane=None)
+             lane="sm80_f16_dwconv")
     db.reload()
     lf = db.get_file("system", "sm90", "conv1d")
     e = lf.entries[sig]

@@ -77,6 +77,24 @@ def test_conformer_sizes_documented() -> None:
     assert conformer.census_info["subsampling"] == 4 and conformer.census_info["fixed_window"] is None
 
 
+def test_conformer_conv1d_form_matches_linear_form() -> None:
+    """conv_impl="conv1d" (nn.Conv1d pointwise convs on (B, d, T), GLU(dim=1)) computes the Linear form."""
+    lin = conformer.build_model("S", dtype="fp32", num_layers=2, seed=1)
+    conv = conformer.build_model("S", dtype="fp32", num_layers=2, seed=1, conv_impl="conv1d")
+    assert _nparams(lin) == _nparams(conv)
+    assert isinstance(conv.blocks[0].conv.pointwise1, torch.nn.Conv1d)
+    sd = {k: (v.reshape(conv.state_dict()[k].shape)) for k, v in lin.state_dict().items()}
+    conv.load_state_dict(sd)
+    feats, lengths = conformer.example_inputs(batch=2, frames=120, dtype="fp32", with_lengths=True)
+    with torch.no_grad():
+        a, la = lin(feats, lengths)
+        b, lb = conv(feats, lengths)
+    assert torch.equal(la, lb)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="conv_impl"):
+        conformer.build_model("S", conv_impl="conv2d")
+
+
 def test_dtype_and_arg_parsing() -> None:
     m = conformer.build_model(size="s", dtype="bf16", num_layers="1", fused_qkv="false", conv_norm="layer")
     assert next(m.parameters()).dtype == torch.bfloat16

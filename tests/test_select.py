@@ -179,14 +179,17 @@ def test_counts_per_call(env):
 
 
 def test_select_conv1d(env):
-    sig = "conv1d|op=conv1d|dt=half|N=384|K=1152"
-    write_db(env.system, "conv1d", {sig: {"points": {"1x3000": A}, "regions": [[2000, C]]}}, lane=None)
+    # the depthwise lane's ids (families/conv1d); an untuned shape gets the lane default (policy "default")
+    dw_a, dw_c, dw_default = "dw32x64_v8_n256", "dw64x32_v16_n128", native_lane("sm90", "conv1d").default.id
+    sig = "conv1d|op=conv1d|dt=half|N=384|K=31"
+    write_db(env.system, "conv1d", {sig: {"points": {"1x3000": dw_a}, "regions": [[2000, dw_c]]}},
+             lane="sm80_f16_dwconv")
     db.reload()
-    assert sel.select_conv1d("conv1d", "fp16", 384, 1152, 1, 3000, t_out=1500) == sel.Selection(
-        A, "system", "conv1d|op=conv1d|dt=fp16|N=384|K=1152")
-    assert sel.select_conv1d("conv1d", "fp16", 384, 1152, 1, 2000, t_out=1000).config == C
-    assert sel.select_conv1d("conv1d", "fp16", 384, 1152, 2, 3000, t_out=1500) == sel.Selection(
-        "default", "default", "conv1d|op=conv1d|dt=fp16|N=384|K=1152")
+    assert sel.select_conv1d("conv1d", "fp16", 384, 31, 1, 3000, t_out=1500) == sel.Selection(
+        dw_a, "system", "conv1d|op=conv1d|dt=fp16|N=384|K=31")
+    assert sel.select_conv1d("conv1d", "fp16", 384, 31, 1, 2000, t_out=1000).config == dw_c
+    assert sel.select_conv1d("conv1d", "fp16", 384, 31, 2, 3000, t_out=1500) == sel.Selection(
+        dw_default, "default", "conv1d|op=conv1d|dt=fp16|N=384|K=31")
 
 
 def test_bad_arguments_raise(env):

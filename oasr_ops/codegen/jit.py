@@ -61,7 +61,7 @@ from .loader import KernelLibrary, _BadLibrary, _load, _load_lock, _loaded, chec
 from .render import ABI_VERSION, render
 
 # Peak resident memory of one nvcc, measured on the CPU box (notes/cutlass.md), with headroom.
-_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9}
+_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9, "dw": 0.8e9}
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,6 +20,10 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         return render_scaled_mm(lane, config, dtype)
     if lane.family == "bmm":
         return _render_bmm(lane, config, dtype)
+    if lane.family == "conv1d":  # the depthwise conv1d lanes: a plain CUDA template, no emitter
+        from .render_conv1d import render_conv1d
+
+        return render_conv1d(lane, config, dtype, _env())
     if dtype not in _ELEMENT:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
     if config.kernel_key() not in {c.kernel_key() for c in lane.space}:

@@ -9,4 +9,5 @@ from __future__ import annotations
 from . import gemm  # noqa: F401  (fp16/bf16 Linear GEMM: torch.ops.oasr.gemm)
 from . import scaled_mm  # noqa: F401  (int8 W8A8: torch.ops.oasr.scaled_mm / scaled_mm_quant)
 from . import bmm  # noqa: F401  (batched GEMM of attention: torch.ops.oasr.bmm)
-from . import declared  # noqa: F401  (families the DB format knows before their kernels exist: conv1d, fp8)
+from . import conv1d  # noqa: F401  (depthwise conv1d of the Conformer conv module: torch.ops.oasr.conv1d_depthwise)
+from . import declared  # noqa: F401  (families the DB format knows before their kernels exist: fp8)

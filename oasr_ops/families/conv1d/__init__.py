@@ -1,0 +1,27 @@
+"""The conv1d family: the Conformer convolution module's depthwise conv (`torch.ops.oasr.conv1d_depthwise`).
+
+DB ops: ``conv1d`` (activations [B, C, T]) and ``conv1d_btc`` ([B, T, C]); signatures
+``conv1d|op=<op>|dt=half|N=<C>|K=<Kw>`` with exact ``"BxT"`` points first, then regions over M = B * T (spec).
+Untuned policy: the lane default (ops.py says why; benchmarks/conv1d.py measures it against cuDNN).
+The graph-rewrite matcher is `rewrite.rewrite` (wired into the graph pass by the lead, not registered here).
+"""
+from __future__ import annotations
+
+from ...codegen.render import render
+from ...runtime import registry
+from . import ops  # noqa: F401  (registers torch.ops.oasr.conv1d_depthwise)
+from .kernels import prebuild_specs
+from .lanes import LANES
+from .ops import conv1d_depthwise, fold_batchnorm  # noqa: F401  (the family's Python API)
+
+FAMILY = registry.register(registry.FamilySpec(
+    name="conv1d",
+    ops=("conv1d", "conv1d_btc"),
+    lanes=LANES,
+    dtyped=True,
+    exact_points=True,
+    policy="default",
+    no_arch="default",
+    render=render,
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served, "prebuild_specs": prebuild_specs},
+))
