@@ -81,7 +81,7 @@ def test_cluster_rounds_the_grid_up():
 
 
 H200 = ap.reference_profile("sm90")
-SM90_IDS = [c.id for c in __import__("oasr_ops.codegen.lanes.sm90_f16_wgmma", fromlist=["SPACE"]).SPACE]
+SM90_IDS = [c.id for c in __import__("oasr_ops.families.gemm.lanes", fromlist=["SM90_SPACE"]).SM90_SPACE]
 
 
 @pytest.mark.parametrize("cid", SM90_IDS + ["torch"])

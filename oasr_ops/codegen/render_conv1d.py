@@ -7,6 +7,7 @@ explicit fields (tile over frames and channels, vector width, threads) and the v
 from __future__ import annotations
 
 from ..configs import DW_MAX_KW, Config, Lane
+from .templates import ABI_VERSION
 
 # Version of the conv1d family's launcher (`oasr_dwconv_*`), checked by the loader (families/conv1d/kernels.py).
 DWCONV_ABI_VERSION = 1
@@ -38,8 +39,6 @@ def render_conv1d(lane: Lane, config: Config, variant: str, env) -> str:
     dtype, layout = split_dw_variant(variant)
     if config not in lane.space or config.generation != "dw":
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
-    from .render import ABI_VERSION
-
     tile_t, tile_c, _ = config.tile
     return env.get_template(lane.template).render(
         lane=lane.name,

@@ -24,14 +24,19 @@ def production_configs(lane: Lane, arch: str) -> list[Config]:
     return _gemm_rule(lane, arch)
 
 
-def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYPES) -> list[JitSpec]:
-    """`oasr tune prebuild`'s conv1d set for `arch`: every chosen config x dtype x layout (none off-lane)."""
+def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYPES,
+                   configs: list[Config] | None = None) -> list[JitSpec]:
+    """`oasr tune prebuild`'s conv1d set for `arch`: every chosen config (`configs`, else the production set,
+    else with `all_` the whole lane) x dtype x layout (none off-lane)."""
     from ...runtime.registry import native_lane
 
     lane = native_lane(arch, "conv1d")
     if lane is None:
         return []
-    chosen = list(lane.space) if all_ else production_configs(lane, arch)
+    if configs is not None:
+        chosen = [c for c in configs if c in lane.space]
+    else:
+        chosen = list(lane.space) if all_ else production_configs(lane, arch)
     return [JitSpec.for_kernel(lane, c, dw_variant(dt, lay), arch) for c in chosen for dt in dtypes
             for lay in LAYOUTS]
 
