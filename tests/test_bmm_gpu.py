@@ -18,6 +18,7 @@ import torch
 
 import oasr_ops
 from oasr_ops.runtime.registry import get_lane
+from oasr_ops.runtime.plans import WarnOnce
 from oasr_ops.families.bmm.lanes import kernel_variant
 from oasr_ops.inductor import rewrite
 from oasr_ops.tune import database
@@ -160,7 +161,7 @@ def test_strided_views_run_cutlass(major, dtype):
 
 @pytest.mark.parametrize("case", ["lda", "base", "broadcast"])
 def test_unaddressable_views_fall_back(case, monkeypatch):
-    monkeypatch.setattr(bm, "_warned", set())
+    monkeypatch.setattr(bm, "_warn_once", WarnOnce())
     gen = torch.Generator(device="cuda").manual_seed(3)
     el, m, n, k = 4, 100, 64, 64
     a = torch.randn(el, m, k, device="cuda", generator=gen).half()
@@ -188,7 +189,7 @@ def test_unaddressable_views_fall_back(case, monkeypatch):
 
 @pytest.mark.parametrize("major", ("n", "k"))
 def test_unaligned_shapes_fall_back_to_torch_once(major, monkeypatch, tuning_env):
-    monkeypatch.setattr(bm, "_warned", set())
+    monkeypatch.setattr(bm, "_warn_once", WarnOnce())
     gen = torch.Generator(device="cuda").manual_seed(11)
     a, b = _inputs(8, 249, 249, 64, torch.float16, major, gen)  # N = T' = 249 (10 s of audio)
     bm.reset_plans()

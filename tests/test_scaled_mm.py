@@ -338,7 +338,9 @@ def test_stream_k_only_from_measured_entries(tiers, monkeypatch):
 
 
 def test_outside_production_set_is_skipped(tiers, monkeypatch):
-    monkeypatch.setattr(smm, "production_configs", lambda arch: [SM90.default])
+    from oasr_ops.runtime import production
+
+    monkeypatch.setattr(production, "family_production_configs", lambda family, arch: [SM90.default])
     _publish("system", {SIG: {"regions": [[None, BIG]]}})
     with pytest.warns(UserWarning, match="outside this process's production set"):
         s = smm.select_config(768, 256, 4096)

@@ -1,8 +1,14 @@
-"""What every op family's CUDA path shares: plans (how one call key runs, made once), the region tables a
-compiled graph bakes into an op's ``config`` string, the ``config`` argument's check, and warn-once.
+"""What every op family's CUDA path shares: plans (how one call key runs, made once), the plan skeleton, the
+region tables a compiled graph bakes into an op's ``config`` string, the ``config`` argument's check, and
+warn-once.
 
 The per-call hot path of an op is one dict lookup in `PlanCache.plans` keyed by (config, dtypes, shape, epilogue,
 device, DB epoch); a miss makes the plan under a lock (selection, kernel load, feasibility) exactly once.
+
+`make_plan` is the skeleton of every family's plan: the ``config`` argument -> (a baked table's row for M) ->
+(``auto``: the family's selection) -> a sentinel expanded (`expand_sentinel`) -> a concrete id -> the family's
+kernel launcher, or its torch path (for a sentinel, or where the kernel cannot serve). A family supplies only the
+selection call, the launcher and the torch path.
 """
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ import functools
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..configs import AUTO, SENTINELS, Config, ConfigError, parse
+from . import registry as _registry
 
 TABLE_PREFIX = "regions:"
 _TABLE_PREFIX = TABLE_PREFIX  # old spelling
@@ -62,10 +69,11 @@ class WarnOnce:
     def __init__(self) -> None:
         self._seen: set = set()
 
-    def __call__(self, key, msg: str, category: type[Warning] = UserWarning) -> None:
+    def __call__(self, key, msg: str | None = None, category: type[Warning] = UserWarning) -> None:
+        """Warn `msg` (default: `key` itself, a message deduplicated by its text) unless `key` was seen."""
         if key not in self._seen:
             self._seen.add(key)
-            warnings.warn(msg, category, stacklevel=3)
+            warnings.warn(key if msg is None else msg, category, stacklevel=3)
 
     def clear(self) -> None:
         self._seen.clear()
@@ -93,6 +101,56 @@ def check_config_arg(config: str, op: str = "gemm", check_id: Callable[[Config],
         why = check_id(cfg) if check_id is not None else None
         if why:
             raise ValueError(f"oasr.{op}: config {cid!r} {why}")
+
+
+# ---------------------------------------------------------------------------------- the plan skeleton
+
+Run = Callable[..., Any]
+
+
+def resolve_config_arg(config: str, m: int, select: Callable[[], Any]) -> tuple[str, str]:
+    """(config, tier) of an op's ``config`` argument for a call of M rows: a baked table's row (tier ``baked``),
+    then ``auto`` -> `select()` (a `select.Selection`; its tier), else the argument itself (tier ``explicit``)."""
+    tier = "explicit"
+    if config.startswith(_TABLE_PREFIX):
+        config, tier = resolve_table(config, m), "baked"
+    if config == AUTO:
+        sel = select()
+        config, tier = sel.config, sel.tier
+    return config, tier
+
+
+def expand_sentinel(family: str, config: str, m: int, n: int, k: int, arch: str) -> str:
+    """``default`` -> the native lane's default; ``heuristic`` -> the family's heuristic tile (`spec.heuristic`,
+    where it has one); either -> ``torch`` where no lane of the family runs on `arch`; anything else unchanged.
+    (No serving rule applies: an explicit or baked id was chosen by the caller.)"""
+    if config not in ("default", "heuristic"):
+        return config
+    spec = _registry.get(family)
+    if config == "heuristic" and spec.heuristic is None:
+        return config  # the family serves the sentinel itself (with torch)
+    lane = spec.native_lane(arch)
+    if lane is None:
+        return "torch"
+    return lane.default.id if config == "default" else spec.heuristic(lane, m, n, k, arch)
+
+
+def make_plan(family: str, config: str, m: int, n: int, k: int, arch: str, sig: str, *,
+              select: Callable[[], Any], torch_run: Callable[[str], Run],
+              kernel_run: Callable[[Config], Run | None], keep_sentinel: bool = False) -> Plan:
+    """The plan of one call key (module docstring). `torch_run(sentinel)` makes the torch path (``torch`` when a
+    kernel cannot serve); `kernel_run(cfg)` the launcher, or None (it warned) to fall back to torch. The plan of a
+    sentinel is named ``torch``, or the sentinel itself with `keep_sentinel` (gemm: ``fused`` is a cuBLASLt
+    epilogue)."""
+    config, tier = resolve_config_arg(config, m, select)
+    config = expand_sentinel(family, config, m, n, k, arch)
+    if config in SENTINELS:
+        return Plan(config if keep_sentinel else "torch", tier, sig, torch_run(config))
+    cfg = parse(config)
+    run = kernel_run(cfg)
+    if run is None:
+        return Plan("torch", tier, sig, torch_run("torch"))
+    return Plan(cfg.id, tier, sig, run)
 
 
 # ---------------------------------------------------------------------------------- region tables baked into graphs

@@ -6,20 +6,21 @@ The registry lives in the runtime layer so that the per-call read path can consu
 family; the families (``oasr_ops/families/<name>/``) fill it when `oasr_ops.families` is imported (the package's
 ``__init__`` does that first). A spec holds data the runtime reads (ops, lanes, untuned policy) and callables
 that only the layers above call (op registration already happened at import; rewrite matcher, census recorder,
-candidate factory, prebuild set). The runtime calls exactly three of them: `heuristic` (the untuned answer of
-a ``heuristic`` policy), `production_ids` (which concrete ids this process may serve) and `render` (whose
-output the ``impl`` soft validator hashes).
+candidate factory, prebuild set). The runtime calls exactly four of them: `heuristic` (the answer of a
+``heuristic`` policy's sentinel), `production_extras` and `production_ids` (which concrete ids this process
+compiles and may serve) and `render` (whose output the ``impl`` soft validator hashes).
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..configs import Config, ConfigError, Lane
 
-# fn(lane, m, n, k, dtype) -> config id | None: a family's untuned shape heuristic.
-HeuristicFn = Callable[[Lane, int, int, int, Any], "str | None"]
+# fn(lane, m, n, k, arch) -> config id of `lane`: a family's untuned shape heuristic (arch: the GPU family served,
+# e.g. for its SM count; a lane may be native to several).
+HeuristicFn = Callable[[Lane, int, int, int, str], str]
 
 POLICIES = ("default", "heuristic", "torch")
 
@@ -38,8 +39,14 @@ class FamilySpec:
     no_arch:         the answer where no arch family is known (a CPU without ``OASR_ARCH``).
     streamk_measured_only: a Stream-K config is served only from a measured tier (user/system).
     no_streamk_ops:  ops whose launcher has no Stream-K variant (such an entry falls back, warned once).
-    heuristic:       the ``heuristic`` policy's function.
-    production_ids:  fn(arch) -> the concrete ids this process compiles and may serve (None: any lane config).
+    heuristic:       the ``heuristic`` sentinel's answer, wherever it is served (`select.serve_config`, a plan's
+                     sentinel expansion); not a tier-chain plug-in, so `select_config` and the region tables a
+                     graph bakes keep the sentinel and each call resolves it for its own M.
+    production_extras: fn(lane) -> ids the family compiles beyond the generic production rule
+                     (`runtime.production`: lane default, coverage basis, DB references); scaled_mm: every tile
+                     its heuristic can answer.
+    production_ids:  fn(arch) -> the only concrete ids `select.serve_config` may serve (others are warned about
+                     once and the policy answers); None: any config of the lane.
     render:          fn(lane, config, dtype) -> the kernel's CUDA source (codegen's renderer; the ``impl`` soft
                      validator hashes it, so the runtime never imports codegen).
     handlers:        the upper layers' hooks, by name (e.g. ``rewrite``, ``census``, ``candidates``,
@@ -56,6 +63,7 @@ class FamilySpec:
     streamk_measured_only: bool = False
     no_streamk_ops: tuple[str, ...] = ()
     heuristic: HeuristicFn | None = None
+    production_extras: Callable[[Lane], Iterable[str]] | None = None
     production_ids: Callable[[str], frozenset[str]] | None = None
     render: Callable[[Lane, Config, str], str] | None = None
     handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)

@@ -1,4 +1,5 @@
-"""Config selection: user ▸ system ▸ cost model ▸ default (gemm) / heuristic (scaled_mm), memoised per epoch.
+"""Config selection, the one layer every family uses: user ▸ system ▸ cost model ▸ the family's policy, memoised
+per epoch, then the family's serving rules. A family supplies only its policy, through its `FamilySpec`.
 
 `select_config(family, op, dtype, n, k, m, arch=None) -> Selection(config, tier, signature)`:
 
@@ -7,21 +8,33 @@
   that the lane's static feasibility rules reject for (N, K, arch) is warned about once and treated as a hole.
 * Then the cost-model tier (`register_cost_model(family, fn)`, fn(lane, m, n, k, dtype) -> id | None; absent by
   default; ``OASR_TUNE_MODEL_FALLBACK=0`` turns it off), then the family fallback: for gemm the native lane's
-  default id (the sentinel ``"default"`` where no lane runs), for bmm ``"torch"``, for scaled_mm* the registered heuristic
-  (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
+  default id (the sentinel ``"default"`` where no lane runs), for bmm ``"torch"``, for scaled_mm* a registered
+  fallback plug-in (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
 * ``OASR_GEMM_HEURISTIC=0``: every gemm shape gets the lane default, tier ``default``.
 * A region naming a sentinel (``default``/``torch``/``fused``/``heuristic``) is returned as that sentinel.
 * ``arch=None`` means the current arch; with no GPU and no ``OASR_ARCH`` the answer is
-  ``Selection("default", "default", sig)``.
+  ``Selection(spec.no_arch, "default", sig)``.
+
+`serve_config(...)` (same arguments) is what a launcher runs: `select_config`'s answer passed through the
+family's serving rules, all driven by its spec — a concrete id of the native lane or ``"torch"``:
+
+* no native lane for the arch (or no arch): ``torch``, tier ``default``;
+* ``heuristic`` -> `spec.heuristic`'s tile, keeping the tier (a measured ``heuristic`` region stays measured);
+  ``torch``/``fused`` -> ``torch``; ``default`` -> the lane default, then checked like any id:
+* refused, each warned about once and replaced by the policy's answer (`spec.heuristic`, the lane default or
+  torch; tier `spec.fallback_tier`): an id outside the native lane; a Stream-K tile for an op in
+  `spec.no_streamk_ops` or (`spec.streamk_measured_only`) from a tier other than user/system; an id outside
+  `spec.production_ids(arch)` (`runtime.production`).
 
 Epochs: environment variables and the DB are read at the first resolution after import or
 `database.reload()`; the memo is dropped on reload, so a selection changes only at a reload. A hit is one dict
-access (key: family, op, dtype, n, k, m, arch as passed) plus a counter increment.
+access (key: family, op, dtype, n, k, m, arch as passed; `serve_config` has a key of its own) plus a counter
+increment.
 
 Counting (decision): every CALL is counted under the tier that answered (``recorded per resolution``); the
 printed report also gives the number of resolutions per tier (memo misses: one per distinct shape per epoch).
 `tuning_report()` returns ``{family: {op: {tier: calls}}}`` (or prints a text table with ``print_=True`` and
-returns the text).
+returns the text); `resolution_counts(family)` the served resolutions ``{op: {tier: shapes}}``.
 
 `region_table(...)` merges the tiers into one ``[[m_hi, config], ..., [None, terminator]]`` a compiled graph can
 bake; `resolve_in_table(table, m)` is its per-call round-up lookup. The table gives the same answer as
@@ -43,6 +56,7 @@ from typing import Any, Callable
 
 from ..configs import SENTINELS, ConfigError, parse
 from . import database as _db
+from . import production as _production
 from . import registry as _registry
 from .arch import current_arch_family, normalize_arch
 
@@ -58,19 +72,22 @@ class Selection:
     signature: str
 
 
+MEASURED_TIERS = ("user", "system")
+
+
 class _Cell:
-    """A memoised selection and how many calls it answered."""
+    """A memoised selection (`serve_config`'s when `served`) and how many calls it answered."""
 
-    __slots__ = ("sel", "calls", "family", "op")
+    __slots__ = ("sel", "calls", "family", "op", "served")
 
-    def __init__(self, sel: Selection, family: str, op: str) -> None:
-        self.sel, self.calls, self.family, self.op = sel, 0, family, op
+    def __init__(self, sel: Selection, family: str, op: str, served: bool = False) -> None:
+        self.sel, self.calls, self.family, self.op, self.served = sel, 0, family, op, served
 
 
 _LOCK = threading.Lock()
 _MEMO: dict[tuple, _Cell] = {}
 _CTX: dict[tuple, "_Ctx"] = {}
-_TOTALS: dict[tuple[str, str, str], list[int]] = {}  # (family, op, tier) -> [calls, shapes] of past epochs
+_TOTALS: dict[tuple[str, str, str, bool], list[int]] = {}  # (family, op, tier, served) -> [calls, shapes], past epochs
 _FALLBACKS: dict[str, PluginFn] = {}
 _COST_MODELS: dict[str, PluginFn] = {}
 _WARNED: set[str] = set()
@@ -87,7 +104,7 @@ def _on_reload(_epoch: int) -> None:
     global _MEMO, _CTX
     with _LOCK:
         for cell in _MEMO.values():
-            t = _TOTALS.setdefault((cell.family, cell.op, cell.sel.tier), [0, 0])
+            t = _TOTALS.setdefault((cell.family, cell.op, cell.sel.tier, cell.served), [0, 0])
             t[0] += cell.calls
             t[1] += 1
         _MEMO, _CTX = {}, {}
@@ -179,10 +196,6 @@ def _feasible_regions(regions, lane, n: int, k: int, arch: str, sig: str):
     return tuple(out)
 
 
-def _native_lane(arch: str, family: str):
-    return _registry.native_lane(arch, family)
-
-
 def _policy_sentinel(spec: _registry.FamilySpec) -> str:
     """The sentinel an untuned shape gets under the family's policy (see `registry.FamilySpec.policy`)."""
     return spec.policy
@@ -199,7 +212,9 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
         for tier, e in _db.chain(family, op, dtype, n, k, arch):
             chain.append((tier, _feasible_regions(e.regions, lane, n, k, arch, e.signature), dict(e.points)))
     model = _COST_MODELS.get(family) if (model_on and not heuristic_off) else None
-    fb = None if heuristic_off else (_FALLBACKS.get(family) or spec.heuristic)
+    # `spec.heuristic` is not a plug-in here: the chain answers the sentinel, which serving (or a plan) expands
+    # for each M, so a baked region table keeps "heuristic" and agrees with `select_config`.
+    fb = None if heuristic_off else _FALLBACKS.get(family)
     const = None
     if fb is None:
         const = lane.default.id if (lane is not None and spec.policy == "default") else _policy_sentinel(spec)
@@ -274,14 +289,69 @@ def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str
 
 
 def _miss(key: tuple, family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None,
-          point: str | None = None) -> _Cell:
+          point: str | None = None, served: bool = False) -> _Cell:
     e0 = _db.epoch()
-    cell = _Cell(_resolve(family, op, dtype, n, k, m, arch, point), family, op)
+    sel = _serve(family, op, dtype, n, k, m, arch) if served else _resolve(family, op, dtype, n, k, m, arch, point)
+    cell = _Cell(sel, family, op, served)
     with _LOCK:
         # A reload between resolving and memoising: serve this call, memoise nothing from the old epoch.
         if _db.epoch() == e0:
             cell = _MEMO.setdefault(key, cell)
     return cell
+
+
+# ------------------------------------------------------------------------------------------------ serving
+
+
+def _policy_answer(spec: _registry.FamilySpec, lane: Any, m: int, n: int, k: int, arch: str) -> str:
+    """What the family's policy serves an untuned call (and a call whose selected id a serving rule refused)."""
+    if spec.policy == "heuristic" and spec.heuristic is not None:
+        return spec.heuristic(lane, m, n, k, arch)
+    return "torch" if spec.policy == "torch" else lane.default.id
+
+
+_POLICY_NAMES = {"heuristic": "the heuristic", "default": "the lane default", "torch": "torch"}
+
+
+def _refusal(spec: _registry.FamilySpec, lane: Any, op: str, cfg: str, tier: str, arch: str) -> str | None:
+    """Why the serving rules refuse a concrete id `cfg` chosen by `tier` (None: served)."""
+    try:
+        c = lane.get(cfg)
+    except ConfigError:
+        return f"{cfg} is not a config of lane {lane.name}"
+    if c.kernel_schedule == "streamk":
+        if op in spec.no_streamk_ops:
+            return f"{cfg} is a Stream-K tile and there is no Stream-K launcher for {op}"
+        if spec.streamk_measured_only and tier not in MEASURED_TIERS:
+            return f"Stream-K tile {cfg} did not come from a measured entry"
+    if spec.production_ids is not None and cfg not in spec.production_ids(arch):
+        return f"{cfg} is outside this process's production set"
+    return None
+
+
+def _serve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None) -> Selection:
+    if not _db._known(family, op):
+        raise ValueError(f"unknown family/op {family!r}/{op!r}")
+    spec = _registry.get(family)
+    a = normalize_arch(arch) if arch else current_arch_family()
+    lane = spec.native_lane(a) if a is not None else None
+    if lane is None:  # no GPU family known, or no lane of the family runs there: only torch can serve
+        dt = _db.normalize_dtype(dtype)
+        sigs = _db.lookup_signatures(family, op, dt, n, k)
+        return Selection("torch", "default", sigs[0] if sigs else f"{family}|op={op}|dt={dt}|N={n}|K={k}")
+    raw = _resolve(family, op, dtype, n, k, m, a)  # the tier chain (not memoised twice: this answer is)
+    cfg, tier, sig = raw.config, raw.tier, raw.signature
+    if cfg == "heuristic" and spec.heuristic is not None:  # fallback or a measured region: keeps its tier
+        return Selection(spec.heuristic(lane, m, n, k, a), tier, sig)
+    if cfg in SENTINELS and cfg != "default":  # torch, fused (no fused epilogue is served), heuristic without one
+        return Selection("torch", tier, sig)
+    if cfg == "default":
+        cfg = lane.default.id
+    why = _refusal(spec, lane, op, cfg, tier, a)
+    if why is None:
+        return Selection(cfg, tier, sig)
+    _warn(f"oasr.{op}: {sig}: {why}; skipped ({_POLICY_NAMES[spec.policy]} answers)")
+    return Selection(_policy_answer(spec, lane, m, n, k, a), spec.fallback_tier, sig)
 
 
 # ------------------------------------------------------------------------------------------------ public
@@ -294,6 +364,17 @@ def select_config(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch
     cell = _MEMO.get(key)
     if cell is None:
         cell = _miss(key, family, op, dtype, n, k, m, arch)
+    cell.calls += 1
+    return cell.sel
+
+
+def serve_config(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None) -> Selection:
+    """The config a launcher runs for one call: `select_config` through the family's serving rules (module
+    docstring); a concrete id of the native lane or ``"torch"``."""
+    key = (family, op, dtype, n, k, m, arch, True)
+    cell = _MEMO.get(key)
+    if cell is None:
+        cell = _miss(key, family, op, dtype, n, k, m, arch, served=True)
     cell.calls += 1
     return cell.sel
 
@@ -345,12 +426,11 @@ def tuning_report(print_: bool = False) -> str | dict:
     With ``print_=True`` the report is printed (with resolution counts: one per shape per epoch) and the text
     returned.
     """
-    with _LOCK:
-        agg: dict[tuple[str, str, str], list[int]] = {k: list(v) for k, v in _TOTALS.items()}
-        for cell in _MEMO.values():
-            t = agg.setdefault((cell.family, cell.op, cell.sel.tier), [0, 0])
-            t[0] += cell.calls
-            t[1] += 1
+    agg: dict[tuple[str, str, str], list[int]] = {}
+    for (fam, op, tier, _served), (calls, shapes) in _counts().items():
+        t = agg.setdefault((fam, op, tier), [0, 0])
+        t[0] += calls
+        t[1] += shapes
     out: dict[str, dict[str, dict[str, int]]] = {}
     for (fam, op, tier), (calls, _shapes) in sorted(agg.items()):
         out.setdefault(fam, {}).setdefault(op, {})[tier] = calls
@@ -366,6 +446,40 @@ def tuning_report(print_: bool = False) -> str | dict:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def _counts() -> dict[tuple[str, str, str, bool], list[int]]:
+    """[calls, resolutions] per (family, op, tier, served) since import: past epochs and the live memo."""
+    with _LOCK:
+        agg = {key: list(v) for key, v in _TOTALS.items()}
+        for cell in _MEMO.values():
+            t = agg.setdefault((cell.family, cell.op, cell.sel.tier, cell.served), [0, 0])
+            t[0] += cell.calls
+            t[1] += 1
+    return agg
+
+
+def resolution_counts(family: str) -> dict[str, dict[str, int]]:
+    """`serve_config`'s resolutions (one per distinct shape per DB epoch) of `family` since import (or its last
+    `reset_selection`): ``{op: {tier: n}}``."""
+    out: dict[str, dict[str, int]] = {}
+    for (fam, op, tier, served), (_calls, shapes) in sorted(_counts().items()):
+        if fam == family and served:
+            out.setdefault(op, {})[tier] = shapes
+    return out
+
+
+def reset_selection(family: str | None = None) -> None:
+    """Forget the memoised selections, contexts and counts of `family` (all with None), the production sets and
+    the warnings (tests; a reload drops the memo but keeps the counts)."""
+    global _MEMO, _CTX
+    with _LOCK:
+        _MEMO = {key: c for key, c in _MEMO.items() if family is not None and c.family != family}
+        _CTX = {key: c for key, c in _CTX.items() if family is not None and c.family != family}
+        for key in [key for key in _TOTALS if family is None or key[0] == family]:
+            del _TOTALS[key]
+        _WARNED.clear()
+    _production.reset()
 
 
 def reset_counts() -> None:

@@ -22,16 +22,16 @@ No bmm lane runs on pre-Hopper GPUs: there every config is served by torch, with
 from __future__ import annotations
 
 import ctypes
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
-from ...configs import AUTO, Config, parse
+from ...configs import Config
 from ...runtime import database as _database
-from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
-from ...runtime.plans import Plan, PlanCache, resolve_table
+from ...runtime import select as _select
+from ...runtime.arch import current_arch_family
+from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
 
 FAMILY = "bmm"
@@ -183,13 +183,7 @@ def native_lane(arch: str):
 
 _PLANS = PlanCache()
 _plans = _PLANS.plans
-_warned: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _warned:
-        _warned.add(msg)
-        warnings.warn(msg, stacklevel=4)
+_warn_once = WarnOnce()
 
 
 def _torch_run(a, b):
@@ -245,36 +239,20 @@ def _kernel_run(cfg: Config, dtype: torch.dtype, el: int, m: int, n: int, k: int
 
 
 def select_config(dtype: torch.dtype, major: str, n: int, k: int, rows: int, arch: str | None = None):
-    """The tuning DB's answer for a bmm with `rows` = L * M (tune.select; fallback `torch`)."""
-    from ...runtime.select import select_config as _select
-
-    return _select(FAMILY, OP_FOR_MAJOR[major], DTYPES.get(dtype, dtype), n, k, rows, arch)
+    """`runtime.select.select_config` for a bmm with `rows` = L * M on the M axis (untuned: `torch`)."""
+    return _select.select_config(FAMILY, OP_FOR_MAJOR[major], DTYPES.get(dtype, dtype), n, k, rows, arch)
 
 
 def _make_plan(config: str, a: torch.Tensor, b: torch.Tensor) -> Plan:
-    from ...runtime.arch import current_arch_family
-
     el, m, k = a.shape
     n = b.shape[2]
     lay = tma_layout(a, b)
     sig = signature(a.dtype, lay.b_major, n, k)
     arch = current_arch_family() or "sm80"
-    tier = "explicit"
-    if config.startswith(_TABLE_PREFIX):
-        config, tier = resolve_table(config, el * m), "baked"
-    if config == AUTO:
-        sel = select_config(a.dtype, lay.b_major, n, k, el * m, arch)
-        config, tier = sel.config, sel.tier
-    if config == "default":
-        lane = native_lane(arch)
-        config = lane.default.id if lane is not None else "torch"
-    if config in ("torch", "fused", "heuristic"):
-        return Plan("torch", tier, sig, _torch_run)
-    cfg = parse(config)
-    run = _kernel_run(cfg, a.dtype, el, m, n, k, lay, arch, sig)
-    if run is None:
-        return Plan("torch", tier, sig, _torch_run)
-    return Plan(cfg.id, tier, sig, run)
+    return make_plan(FAMILY, config, el * m, n, k, arch, sig,
+                     select=lambda: select_config(a.dtype, lay.b_major, n, k, el * m, arch),
+                     torch_run=lambda _sentinel: _torch_run,
+                     kernel_run=lambda cfg: _kernel_run(cfg, a.dtype, el, m, n, k, lay, arch, sig))
 
 
 def _bmm_cuda(a, b, config):

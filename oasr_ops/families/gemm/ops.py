@@ -19,14 +19,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ...configs import AUTO, Config, ConfigError, parse
+from ...configs import Config, ConfigError
 from ...runtime import database as _database
-from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
-from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, format_table, parse_table, resolve_table  # noqa: F401
+from ...runtime.arch import current_arch_family
+from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.plans import format_table, parse_table, resolve_table  # noqa: F401  (re-exported)
+from ...runtime.select import select_config
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-_TABLE_PREFIX = "regions:"
 
 _lib = torch.library.Library("oasr", "DEF")
 _lib.define(
@@ -114,13 +115,6 @@ def _op(activation: str) -> str:
     return "gemm" if activation == "none" else "gemm_activation"
 
 
-def _select(dtype_name: str, activation: str, n: int, k: int, m: int) -> tuple[str, str]:
-    from ...runtime.select import select_config
-
-    sel = select_config("gemm", _op(activation), dtype_name, n, k, m)
-    return sel.config, sel.tier
-
-
 def _torch_plan(activation: str, fused: bool) -> Callable[..., torch.Tensor]:
     if fused and activation == "relu":
         # cuBLASLt applies bias + ReLU in its epilogue. GELU is not used here: cuBLASLt's GELU epilogue is
@@ -187,29 +181,16 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
 
 
 def _make_plan(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int) -> Plan:
-    from ...runtime.arch import current_arch_family
-
     dtype_name = SUPPORTED_DTYPES[dtype]
     sig = _database.signature("gemm", _op(activation), "half", n, k)
     arch = current_arch_family() or "sm80"
-    tier = "explicit"
-    if config.startswith(_TABLE_PREFIX):
-        config, tier = resolve_table(config, m), "baked"
-    if config == AUTO:
-        config, tier = _select(dtype_name, activation, n, k, m)
-    if config == "default":
-        from ...runtime.registry import native_lane
-        lane = native_lane(arch)
-        if lane is None:
-            return Plan("torch", tier, sig, _torch_plan(activation, False))
-        config = lane.default.id
-    if config in ("torch", "fused", "heuristic"):
-        return Plan(config, tier, sig, _torch_plan(activation, config == "fused"))
-    cfg = parse(config)
-    run = _kernel_plan(cfg, dtype_name, activation, m, n, k, arch, sig)
-    if run is None:
-        return Plan("torch", tier, sig, _torch_plan(activation, False))
-    return Plan(cfg.id, tier, sig, run)
+    # `auto` asks with arch=None (the current arch): without a GPU the answer is the `default` sentinel, which
+    # the plan serves with the sm80 lane's default.
+    return make_plan("gemm", config, m, n, k, arch, sig,
+                     select=lambda: select_config("gemm", _op(activation), dtype_name, n, k, m),
+                     torch_run=lambda sentinel: _torch_plan(activation, sentinel == "fused"),
+                     kernel_run=lambda cfg: _kernel_plan(cfg, dtype_name, activation, m, n, k, arch, sig),
+                     keep_sentinel=True)
 
 
 def get_plan(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str, config: str) -> Plan:

@@ -1,14 +1,17 @@
 """The int8 W8A8 family (`torch.ops.oasr.scaled_mm`, `scaled_mm_quant`, `quantize_per_token`).
 
 DB ops: ``scaled_mm`` and ``scaled_mm_quant`` (no dtype in the signature). Untuned policy: the shape heuristic
-(a wave model on sm90, an occupancy ladder on sm80). Stream-K tiles only from measured entries, never for the
-quantizing op (it has no Stream-K launcher).
+(a wave model on sm90, an occupancy ladder on sm80; `heuristic.py`). Served (`runtime.select.serve_config`):
+Stream-K tiles only from measured entries, never for the quantizing op (it has no Stream-K launcher), and only
+ids of the production set (the generic rule plus every heuristic tile, which are always built).
 """
 from __future__ import annotations
 
+import functools
+
 from ...codegen.render import render
-from ...runtime import registry
-from . import candidates, prebuild
+from ...runtime import production, registry
+from . import candidates, heuristic, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from .lanes import LANES
 
@@ -21,6 +24,9 @@ FAMILY = registry.register(registry.FamilySpec(
     no_arch="default",
     streamk_measured_only=True,
     no_streamk_ops=("scaled_mm_quant",),
+    heuristic=heuristic.heuristic,
+    production_extras=heuristic.heuristic_ids,
+    production_ids=functools.partial(production.production_ids, "scaled_mm"),
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,

@@ -1,4 +1,7 @@
-"""The int8 W8A8 scaled GEMM family (`scaled_mm`): torch ops, config selection and the shape heuristic.
+"""The int8 W8A8 scaled GEMM family (`scaled_mm`): op schemas, checks, the reference, the CPU/fake/CUDA impls.
+
+The shape heuristic lives in `heuristic.py`, the production set and the launcher loading in `kernels.py`;
+selection is `runtime.select.serve_config`, driven by the family's spec (``__init__.py``).
 
 Ops (registered on the ``oasr`` namespace with `torch.library.Library` define + impl + register_fake):
 
@@ -38,34 +41,36 @@ K % 16 == 0 (int8 operands are read 16 at a time by TMA / cp.async), N % 8 == 0 
 128-bit rows of the output), scales fp32 of shape ``[1]`` or ``[M]`` / ``[N]`` on a's device, bias / out_scale
 dtype, shape and device, out_dtype float16 / bfloat16.
 
-Selection (`select_config` / `select_quant_config`): a concrete id or a sentinel from the user tier, then the
-system tier (via `oasr_ops.tune.select`, family ``scaled_mm``, signatures ``scaled_mm|op=scaled_mm|N=768|K=256``
-and ``op=scaled_mm_quant``; M rounds up to a region), a config outside this process's production set warned
-once and skipped, else the shape heuristic `heuristic_config` (sm90: the wave model `_INT8_WAVE_MODEL`; sm80:
-the occupancy ladder `_INT8_LADDER`). A region naming ``heuristic`` is served by the heuristic with the entry's
-tier (``[[null, "heuristic"]]`` means measured: the heuristic won).
+Selection (`select_config` / `select_quant_config`, thin wrappers of `runtime.select.serve_config` for the
+family): a concrete id or a sentinel from the user tier, then the system tier (signatures
+``scaled_mm|op=scaled_mm|N=768|K=256`` and ``op=scaled_mm_quant``; M rounds up to a region), a config outside
+this process's production set warned once and skipped, else the shape heuristic `heuristic_config` (sm90: the
+wave model `_INT8_WAVE_MODEL`; sm80: the occupancy ladder `_INT8_LADDER`). A region naming ``heuristic`` is served
+by the heuristic with the entry's tier (``[[null, "heuristic"]]`` means measured: the heuristic won).
 Only a measured entry can pick a Stream-K tile (the heuristic never does); `select_quant_config` never serves one
 (warned once, skipped: the heuristic answers). Memoised per (DB epoch, op, N, K, M, arch); each resolution is
 counted under its tier (`resolution_counts()`).
 
 Note on names: ``oasr_ops.scaled_mm`` is the *function* (the public API); this module is
-``sys.modules["oasr_ops.scaled_mm"]`` — import from it with ``from oasr_ops.scaled_mm import ...``.
+``sys.modules["oasr_ops.families.scaled_mm.ops"]``.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
-import threading
-import warnings
-from dataclasses import dataclass
-
 import torch
 
-from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
-from ...configs import AUTO, Config, ConfigError, parse
-from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
-from ...runtime.plans import Plan, PlanCache, check_config_arg, resolve_table
+from ...codegen.jit import BuildError, LoadError
+from ...configs import Config, ConfigError
+from ...runtime import database as _database
+from ...runtime import select as _select
+from ...runtime.arch import current_arch_family, normalize_arch
+from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.registry import lane_of
+from ...runtime.select import Selection
+# Re-exported: the family's public names (tests, benchmarks and tune/ reach them through this module).
+from .heuristic import (_INT8_LADDER, _INT8_WAVE_MODEL, _WAVE_MODEL_RANGE, _fallback_plugin, _lane_for,  # noqa: F401
+                        _tile_mn, heuristic_config, heuristic_ids, ladder_config, sm_count, wave_features,
+                        wave_model_config, wave_model_time)
+from .kernels import get_kernel, load_kernel, production_configs  # noqa: F401
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
@@ -233,321 +238,41 @@ def _scaled_mm_quant_fake(a, w, scale_a, scale_w, bias, out_scale, config):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the shape heuristic
+# selection: `runtime.select.serve_config` applies the tier chain and the serving rules the family's spec asks
+# for (the heuristic, Stream-K only from measured entries and never for the quantizing op, the production set).
 
-# SMs of the family's reference part where no GPU is present to ask (H100/H200 SXM: 132; A100: 108; ...).
-_SM_COUNT = {"sm80": 108, "sm86": 84, "sm87": 16, "sm89": 128, "sm90": 132}
-
-# The sm90 heuristic: a wave model per data-parallel tile, the argmin of the predicted time. For a tile tm x tn,
-#   w = ceil(ceil(M / tm) * ceil(N / tn) / SMs)                      (waves of output tiles over the SMs)
-#   t_us = a + b*w + (K/1024) * (c1 + c2*(w - 1)) + d * (M*K / 1e7)
-# a: launch and fixed cost; b: per-wave prologue/epilogue; c1: the first wave's mainloop per 1024 of K, c2: each
-# further wave's (a lone wave of few CTAs streams faster than a full one); d: activation traffic (M*K bytes). All
-# coefficients are >= 0 (non-negative least squares on the relative error), so every tile's predicted time is
-# non-decreasing in M, N and K; ties go to the first tile in table order. Stream-K tiles are not in the table: only
-# a measured entry picks them.
-# FITTED on the H200 (132 SMs, 2026-11-29 data) from the scaled_mm build's measurements of all nine tiles at 126
-# census points of Conformer S/M/L + Whisper base (benchmarks/int8_ladder_points.json): `python
-# benchmarks/fit_int8_ladder.py --load benchmarks/int8_ladder_points.json`. Geomean regret vs the best
-# data-parallel tile (max, share of points within 1 %): in-sample 0.33 % (8.3 %, 90 %); leave-one-(N, K)-signature-
-# out 0.45 % (9.7 %, 88 %); fitted on the d=256/1024 signatures only, on the held-out d=512 ones 0.35 % (9.0 %,
-# 90 %). The occupancy ladder it replaces (refitted the same ways): 3.1 % in-sample, 3.2 % on d=512, 3.5 %
-# leave-one-signature-out. Repeat measurements of one tile at one point differ by 0.8 % (sd, the build log's
-# heuristic pseudo-arm vs the same tile's arm). d is ~0 except for the 128x128 2x1-cluster and 128x256 tiles.
-# The form was chosen among ~30 candidate regressor sets by these scores; chosen by leave-one-signature-out on the
-# d=256/1024 signatures alone it is still the pick. Validated range: M 15..24032, N 256..4096, K 256..19456;
-# beyond it the largest tile answers (_WAVE_MODEL_RANGE: at 8192^3 the model's own pick measured 7 % slower).
-_INT8_WAVE_MODEL: dict[str, dict[str, tuple[float, float, float, float, float]]] = {
-    "sm90_int8_wgmma": {  # config: (a, b, c1, c2, d) in us
-        "t64x64x128_c1x1_pp": (3.1837, 0.4929, 0.8698, 1.2363, 0.0000),
-        "t64x128x128_c1x1_pp": (3.1265, 0.8402, 1.2484, 1.7041, 0.0000),
-        "t64x256x128_c1x1_pp": (3.4701, 1.3886, 2.3316, 2.6822, 0.0185),
-        "t128x64x128_c1x1_coop": (2.6887, 1.1966, 1.2752, 1.8715, 0.0000),
-        "t128x128x128_c1x1_coop": (2.5572, 1.7428, 2.3355, 2.9759, 0.0101),
-        "t128x128x128_c2x1_pp": (3.2440, 1.2889, 2.3396, 2.3187, 0.8175),
-        "t128x256x128_c1x1_coop": (2.7290, 2.4628, 4.6122, 5.8469, 0.2824),
-    },
-}
-
-# The untuned selector of lanes without a wave model (sm80): rungs (config, min_fill), largest tile first. A rung
-# serves a shape when its output tiles ceil(M/tm) * ceil(N/tn) reach min_fill x SMs x k_weight(K), where k_weight =
-# clamp(K / _K_FULL, _K_MIN_WEIGHT, 1): a shallow-K tile finishes quickly, so fewer, larger tiles pay less in
-# prologue/epilogue than a fuller wave of small ones; a deep-K tile's idle SMs cost in proportion to K. The last
-# rung (min_fill 0) always serves. Tiles with more than 64 rows are skipped for M <= 64 (half of their MMA work
-# would be padding). On sm90 this form, fitted, scored 3.1 % in-sample and gave way to the wave model above (its
-# literal is kept in benchmarks/fit_int8_ladder.py as the baseline).
-_INT8_LADDER: dict[str, tuple[tuple[str, float], ...]] = {
-    "sm80_int8_mma": (  # not fitted: no sm80 GPU was measured
-        ("b128x256x64_w64x64x64_s3", 1.0),
-        ("b128x128x64_w64x64x64_s3", 1.0),
-        ("b128x64x64_w64x32x64_s4", 0.75),
-        ("b64x128x64_w32x64x64_s4", 0.75),
-        ("b64x64x64_w32x32x64_s5", 0.5),
-        ("b32x64x128_w32x32x128_s4", 0.0),
-    ),
-}
-_K_FULL = 512
-_K_MIN_WEIGHT = 0.0625
-_SMALL_M = 64
+_warn_once = WarnOnce()
 
 
-def sm_count(arch: str | None) -> int:
-    """SMs of the GPU serving `arch`: the current device's when it is of that family, else the family's part."""
-    try:
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            if arch is None or f"sm{major}{minor}" == arch:
-                return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    except Exception:  # no usable device: the table answers
-        pass
-    return _SM_COUNT.get(arch or "", 132)
-
-
-def wave_features(tile_m: int, tile_n: int, m: int, n: int, k: int, sms: int) -> tuple[float, ...]:
-    """The wave model's regressors for a tile_m x tile_n tile at (M, N, K) on `sms` SMs (see _INT8_WAVE_MODEL)."""
-    w = -(-(-(-m // tile_m) * -(-n // tile_n)) // sms)
-    kk = k / 1024.0
-    return (1.0, float(w), kk, (w - 1) * kk, m * k / 1e7)
-
-
-def wave_model_time(coef, tile_m: int, tile_n: int, m: int, n: int, k: int, sms: int) -> float:
-    """Predicted microseconds of one tile's kernel at (M, N, K): the dot product of `coef` and `wave_features`."""
-    return sum(c * f for c, f in zip(coef, wave_features(tile_m, tile_n, m, n, k, sms)))
-
-
-@functools.lru_cache(maxsize=None)
-def _tile_mn(cid: str) -> tuple[int, int]:
-    c = parse(cid)
-    return c.tile[0], c.tile[1]
-
-
-def wave_model_config(model, m: int, n: int, k: int, sms: int) -> str:
-    """The tile of `model` ({config id: coefficients}) with the least predicted time; ties: the first listed."""
-    best, best_t = "", float("inf")
-    for cid, coef in model.items():
-        t = wave_model_time(coef, *_tile_mn(cid), m, n, k, sms)
-        if t < best_t:
-            best, best_t = cid, t
-    return best
-
-
-def ladder_config(ladder, m: int, n: int, k: int, sms: int, *, k_full: float = _K_FULL,
-                  k_min_weight: float = _K_MIN_WEIGHT) -> str:
-    """The first rung of `ladder` ((config id, min_fill), ...) that fills enough of `sms` SMs for (M, N, K)."""
-    kw = min(1.0, max(k_min_weight, k / k_full))
-    chosen = ladder[-1][0]
-    for cid, fill in ladder:
-        c = parse(cid)
-        tm, tn = c.tile[0], c.tile[1]
-        if m <= _SMALL_M and tm > _SMALL_M:
-            continue
-        tiles = -(-m // tm) * -(-n // tn)
-        if tiles >= fill * sms * kw:
-            return cid
-    return chosen
-
-
-def heuristic_ids(lane) -> tuple[str, ...]:
-    """Every tile the heuristic can answer for `lane` (the wave model's tiles or the ladder's rungs)."""
-    model = _INT8_WAVE_MODEL.get(lane.name)
-    if model:
-        return tuple(model)
-    return tuple(cid for cid, _ in _INT8_LADDER.get(lane.name, ()))
-
-
-# Beyond the shapes the wave model was fitted on it extrapolates per-wave costs it never saw; there the largest
-# tile (the best arithmetic intensity, what compute-bound shapes want) answers when it fills a wave of SMs. Measured at 8192^3 on the H200
-# (docs/perf/scaled_mm.md): 128x256 cooperative 1280 TOPS vs the model's pick, 128x128 2x1 ping-pong, 1195.
-_WAVE_MODEL_RANGE = {"sm90_int8_wgmma": (24576, 4096, 19456)}  # M, N, K maxima of the fit's data (rounded up)
-
-
-def _heuristic_for(lane, m: int, n: int, k: int, arch: str | None) -> str:
-    m = max(int(m), 1)
-    model = _INT8_WAVE_MODEL.get(lane.name)
-    if model:
-        m_max, n_max, k_max = _WAVE_MODEL_RANGE.get(lane.name, (1 << 62,) * 3)
-        sms = sm_count(arch)
-        if m > m_max or n > n_max or k > k_max:
-            largest = max(model, key=lambda cid: _tile_mn(cid)[0] * _tile_mn(cid)[1])
-            tm, tn = _tile_mn(largest)
-            if -(-m // tm) * -(-n // tn) >= sms:  # it fills at least one wave: compute-bound territory
-                return largest
-        return wave_model_config(model, m, int(n), int(k), sms)
-    ladder = _INT8_LADDER.get(lane.name)
-    if ladder:
-        return ladder_config(ladder, m, n, k, sm_count(arch))
-    return lane.default.id
-
-
-def heuristic_config(m: int, n: int, k: int, arch: str | None = None, lane=None) -> str:
-    """The `heuristic` sentinel's answer for (M, N, K) on `arch`: a data-parallel tile id of the native lane."""
-    if lane is None:
-        lane = _lane_for(arch)
-    if lane is None:
-        return "torch"
-    return _heuristic_for(lane, m, n, k, arch)
-
-
-def _fallback_plugin(lane, m, n, k, dtype):  # tune.select's fallback hook: fn(lane, m, n, k, dtype) -> id
-    if lane is None:
-        return None
-    arch = _current_arch(None) or next(iter(lane.native_for), None)
-    return _heuristic_for(lane, m, n, k, arch)
-
-
-def _lane_for(arch: str | None):
-    from ...runtime.registry import native_lane
-
-    if arch is None:
-        return None
-    return native_lane(arch, FAMILY)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# selection
-
-@dataclass(frozen=True)
-class Selection:
-    config: str  # a concrete config id, or "torch"
-    tier: str  # user | system | heuristic | explicit | baked | default
-    signature: str
-
-
-_SEL_LOCK = threading.Lock()
-_SEL_MEMO: dict[tuple, Selection] = {}
-_RESOLUTIONS: dict[tuple[str, str], int] = {}  # (op, tier) -> resolutions
-_WARNED: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        warnings.warn(msg, stacklevel=3)
-
-
-def _epoch() -> int:
-    from ...runtime import database
-
-    return database.epoch()
+_epoch = _database.epoch
 
 
 def _current_arch(arch: str | None) -> str | None:
-    from ...runtime.arch import current_arch_family, normalize_arch
-
     return normalize_arch(arch) if arch else current_arch_family()
 
 
 def signature(op: str, n: int, k: int) -> str:
-    from ...runtime import database
-
-    return database.signature(FAMILY, op, None, n, k)
-
-
-def production_configs(arch: str) -> list[Config]:
-    """The configs this process compiles and serves for `arch`: the gemm family's rule (lane default, coverage
-    basis, what the tuning DB references; ``OASR_GEMM_COMPILE_SET=all``: the whole lane) plus every tile the
-    heuristic can answer."""
-    from ..gemm.kernels import production_configs as lane_production_configs
-
-    lane = _lane_for(arch)
-    if lane is None:
-        return []
-    chosen = lane_production_configs(lane, arch)
-    for cid in heuristic_ids(lane):
-        c = parse(cid)
-        if c in lane.space and c not in chosen:
-            chosen.append(c)
-    return chosen
-
-
-def _production_ids(arch: str) -> frozenset[str]:
-    key = ("prod", _epoch(), arch, os.environ.get("OASR_GEMM_COMPILE_SET", ""))
-    ids = _PROD_MEMO.get(key)
-    if ids is None:
-        ids = frozenset(c.id for c in production_configs(arch))
-        _PROD_MEMO.clear()
-        _PROD_MEMO[key] = ids
-    return ids
-
-
-_PROD_MEMO: dict[tuple, frozenset[str]] = {}
-
-
-def _resolve(op: str, n: int, k: int, m: int, arch: str | None) -> Selection:
-    sig = signature(op, n, k)
-    a = _current_arch(arch)
-    if a is None:
-        return Selection("torch", "default", sig)  # no GPU family known: only the reference runs anyway
-    lane = _lane_for(a)
-    if lane is None:
-        return Selection("torch", "default", sig)
-    from ...runtime import select as _select
-
-    sel = _select.select_config(FAMILY, op, "int8", n, k, m, a)
-    cfg, tier = sel.config, sel.tier
-    if cfg in ("heuristic",):
-        return Selection(heuristic_config(m, n, k, a, lane), tier, sig)
-    if cfg in ("torch", "fused"):
-        return Selection("torch", tier, sig)
-    if cfg == "default":
-        cfg = lane.default.id
-    try:
-        c = lane.get(cfg)
-    except ConfigError:
-        _warn_once(f"oasr.{op}: {sig}: {cfg} is not a config of lane {lane.name}; using the heuristic")
-        return Selection(heuristic_config(m, n, k, a, lane), "heuristic", sig)
-    if c.kernel_schedule == "streamk":
-        if op == "scaled_mm_quant":
-            _warn_once(f"oasr.scaled_mm_quant: {sig}: {cfg} is a Stream-K tile and there is no quantizing "
-                       "Stream-K launcher; skipped (the heuristic answers)")
-            return Selection(heuristic_config(m, n, k, a, lane), "heuristic", sig)
-        if tier not in ("user", "system"):
-            _warn_once(f"oasr.{op}: {sig}: Stream-K tile {cfg} did not come from a measured entry; skipped")
-            return Selection(heuristic_config(m, n, k, a, lane), "heuristic", sig)
-    if cfg not in _production_ids(a):
-        _warn_once(f"oasr.{op}: {sig}: {cfg} is outside this process's production set; skipped (the heuristic "
-                   "answers)")
-        return Selection(heuristic_config(m, n, k, a, lane), "heuristic", sig)
-    return Selection(cfg, tier, sig)
-
-
-def _select(op: str, n: int, k: int, m: int, arch: str | None) -> Selection:
-    key = (_epoch(), op, n, k, m, arch)
-    sel = _SEL_MEMO.get(key)
-    if sel is None:
-        sel = _resolve(op, n, k, m, arch)
-        with _SEL_LOCK:
-            if key not in _SEL_MEMO:
-                _SEL_MEMO[key] = sel
-                _RESOLUTIONS[(op, sel.tier)] = _RESOLUTIONS.get((op, sel.tier), 0) + 1
-    return sel
+    return _database.signature(FAMILY, op, None, n, k)
 
 
 def select_config(n: int, k: int, m: int, arch: str | None = None) -> Selection:
     """The kernel of one `scaled_mm` call (fp16/bf16 output). See the module docstring for the rules."""
-    return _select("scaled_mm", n, k, m, arch)
+    return _select.serve_config(FAMILY, "scaled_mm", "int8", n, k, m, arch)
 
 
 def select_quant_config(n: int, k: int, m: int, arch: str | None = None) -> Selection:
     """The kernel of one `scaled_mm_quant` call: as `select_config`, never a Stream-K tile."""
-    return _select("scaled_mm_quant", n, k, m, arch)
+    return _select.serve_config(FAMILY, "scaled_mm_quant", "int8", n, k, m, arch)
 
 
 def resolution_counts() -> dict[str, dict[str, int]]:
     """Resolutions (one per distinct shape per DB epoch) per op and tier since import: {op: {tier: n}}."""
-    out: dict[str, dict[str, int]] = {}
-    for (op, tier), cnt in sorted(_RESOLUTIONS.items()):
-        out.setdefault(op, {})[tier] = cnt
-    return out
+    return _select.resolution_counts(FAMILY)
 
 
 def reset_selection() -> None:
     """Forget memoised selections, counts and warnings (tests)."""
-    with _SEL_LOCK:
-        _SEL_MEMO.clear()
-        _RESOLUTIONS.clear()
-        _PROD_MEMO.clear()
-    _WARNED.clear()
+    _select.reset_selection(FAMILY)
 
 
 def variants_for(n: int, k: int, quant: bool, arch: str | None = None) -> list[str]:
@@ -568,32 +293,8 @@ def variants_for(n: int, k: int, quant: bool, arch: str | None = None) -> list[s
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------
-# kernels: the scaled_mm C launcher (oasr_smm_*) on top of the shared JIT build/load
-
-_KERNELS = KernelCache()
-
-
 def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
     return "int8" if op == "scaled_mm_quant" else OUT_DTYPES[out_dtype]
-
-
-def get_kernel(lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
-    """Build (JIT, first use) and load one scaled_mm kernel. Raises BuildError / LoadError (remembered)."""
-    from ...codegen.jit import JitSpec
-
-    return _KERNELS.get((lane.name, config.id, dtype, arch),
-                        lambda: load_kernel(JitSpec.for_kernel(lane, config, dtype, arch)))
-
-
-def load_kernel(spec) -> KernelLibrary:
-    """The scaled_mm launcher (``oasr_smm_*``: scale pointers, per-row/per-column flags, optional bias and
-    out_scale) of a built kernel."""
-    from ...codegen.emit_int8 import SMM_ABI_VERSION
-
-    p, i = ctypes.c_void_p, ctypes.c_int
-    return load_launcher(spec, "smm", SMM_ABI_VERSION, [p, p, p, i, p, i, p, p, i, p, i, i, i, p, ctypes.c_size_t, p],
-                         [i, i, i])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -614,9 +315,6 @@ def _torch_run(op: str, out_dtype):
 
 
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str):
-    from ...codegen.jit import BuildError, LoadError
-    from ...runtime.registry import lane_of
-
     try:
         lane = lane_of(cfg, arch, FAMILY)
     except ConfigError as e:
@@ -668,24 +366,10 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
 def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
     arch = _current_arch(None) or "sm80"
     sig = signature(op, n, k)
-    tier = "explicit"
-    if config.startswith(_TABLE_PREFIX):
-        config, tier = resolve_table(config, m), "baked"
-    if config == AUTO:
-        sel = _select(op, n, k, m, arch)
-        config, tier = sel.config, sel.tier
-    lane = _lane_for(arch)
-    if config == "heuristic":
-        config = heuristic_config(m, n, k, arch, lane)
-    if config == "default":
-        config = lane.default.id if lane is not None else "torch"
-    if config in ("torch", "fused"):
-        return Plan("torch", tier, sig, _torch_run(op, out_dtype))
-    cfg = parse(config)
-    run = _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig)
-    if run is None:
-        return Plan("torch", tier, sig, _torch_run(op, out_dtype))
-    return Plan(cfg.id, tier, sig, run)
+    return make_plan(FAMILY, config, m, n, k, arch, sig,
+                     select=lambda: _select.serve_config(FAMILY, op, "int8", n, k, m, arch),
+                     torch_run=lambda _sentinel: _torch_run(op, out_dtype),
+                     kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
 
 
 def get_plan(op: str, a, w, bias, config: str, out_dtype=None) -> Plan:
@@ -730,12 +414,6 @@ torch.library.register_fake("oasr::scaled_mm_quant", _scaled_mm_quant_fake, lib=
 
 served = _PLANS.served
 reset_plans = _PLANS.clear
-
-
-# The heuristic is applied here, not registered with `tune.select.register_fallback`: the selector answers the
-# ``heuristic`` sentinel (tier ``heuristic``) where no entry covers M, and `_resolve` maps every ``heuristic``
-# answer (fallback or a measured region) through the same heuristic. `_fallback_plugin` is the hook's signature for
-# callers that want the concrete id from `tune.select` itself (`register_fallback("scaled_mm", _fallback_plugin)`).
 
 
 # ----------------------------------------------------------------------------------------------------------
