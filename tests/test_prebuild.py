@@ -14,6 +14,7 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
         gemm = plan_specs("sm90", None, False, ("fp16",), "gemm")
         smm = plan_specs("sm90", None, False, ("fp16",), "scaled_mm")
         bmm = plan_specs("sm90", None, False, ("fp16",), "bmm")
+        conv = plan_specs("sm90", None, False, ("fp16",), "conv1d")
         both = plan_specs("sm90", None, False, ("fp16",))
         bmm_lane = get_lane("sm90_f16_wgmma_bmm")
         sm90 = get_lane("sm90_f16_wgmma")
@@ -28,7 +29,8 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     assert {(s.config, s.dtype) for s in bmm} == {(c, f"fp16_b{mj}") for c in (bmm_lane.default,
                                                                                 *bmm_lane.coverage_basis)
                                                   for mj in ("k", "n")}
-    assert len(both) == len(gemm) + len(smm) + len(bmm)
+    assert {s.lane.name for s in conv} == {"sm80_f16_dwconv"}
+    assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")
     assert [s.est_memory for s in both] == sorted((s.est_memory for s in both), reverse=True)
