@@ -132,7 +132,8 @@ def test_generic_build_measures_gemm_on_cpu(tmp_path, fake_bench):
                                   rounds=3, log=tmp_path / "log.jsonl", checkpoint_dir=tmp_path / "ckpt",
                                   progress=False)
     res = build_mod.build([c], opts)
-    assert not res.rejected and res.points_measured == 2
+    # 16 and 200, and the validation point between them (round(sqrt(16 * 200)) = 57)
+    assert not res.rejected and res.points_measured == 3 and res.validation_points == 1
     assert fake_bench["torch"] > 0 and fake_bench[FAST] > 0
     entry = res.entries[GEMM]
     assert entry["regions"] == [[16, FAST], [None, "torch"]]

@@ -41,3 +41,47 @@ def test_all_and_explicit_configs():
     assert len(allp) == 2 * (19 + 8)  # split-K variants share their kernel
     one = plan_specs("sm90", ["t64x64x64_c1x1_pp"], False, ("fp16",))
     assert [s.name for s in one] == ["sm90_f16_wgmma_t64x64x64_c1x1_pp_fp16_sm90a"]
+
+
+def test_census_plan_is_what_the_build_loads(monkeypatch, tmp_path):
+    """`prebuild --census`: per signature the union over the build's points of the arms it keeps there (pruned by
+    the cost model), each family's tiles, in the signature's dtype; --no-prune: every feasible config."""
+    import json
+
+    from oasr_ops import paths
+    from oasr_ops.tune import database
+    from oasr_ops.tune.build import BuildOptions, arm_plan, load_works, plan_signature
+    from oasr_ops.tune.candidates import candidates_for, parts_of
+    from oasr_ops.tune.prebuild import census_plan
+
+    sig = "gemm|op=gemm|dt=bf16|N=1024|K=1024"
+    census = tmp_path / "c.json"
+    census.write_text(json.dumps({"signatures": {
+        sig: {"points": [{"m": 8, "weight": 1.0}, {"m": 40, "weight": 1.0}]},
+        "bmm|op=bmm|dt=half|N=64|K=64": {"points": [{"m": 16, "weight": 1.0}]}}}))
+    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "db")  # no tuning file: no calibration
+    database.reload()
+    try:
+        opts = BuildOptions(top_k=2, max_fill=1)
+        plan = census_plan([str(census)], "sm90", opts=opts)
+        full = census_plan([str(census)], "sm90", opts=BuildOptions(prune=False, max_fill=1))
+        only_bmm = census_plan([str(census)], "sm90", "bmm", opts=opts)
+        specs = plan_specs("sm90", None, False, ("fp16",), "gemm", [str(census)], opts)
+        work = load_works([str(census)], "gemm")[sig]
+        pts = plan_signature(work, opts)
+        want = {c for ids in arm_plan(sig, pts, opts, "sm90").values() for c in ids} - {"torch"}
+    finally:
+        monkeypatch.undo()
+        database.reload()
+    lane = get_lane("sm90_f16_wgmma")
+    # the int8 family measures the quantizable gemm site too (census_from), every tile (it is not modelled)
+    assert set(plan) == {("gemm", "bf16"), ("bmm", "fp16"), ("scaled_mm", "fp16")}
+    assert set(only_bmm) == {("bmm", "fp16")}
+    smm = {c.id for c in candidates_for(parts_of("scaled_mm|op=scaled_mm|N=1024|K=1024"), "sm90")} - {"heuristic"}
+    assert set(plan[("scaled_mm", "fp16")]) == smm
+    assert set(plan[("gemm", "bf16")]) == want
+    assert lane.default.id in want and len(want) < len(full[("gemm", "bf16")])
+    feasible = {c.id for c in candidates_for(parts_of(sig), "sm90")} - {"torch"}
+    assert set(full[("gemm", "bf16")]) == feasible  # the no-prune build loads every feasible config
+    assert {(s.config.id, s.dtype) for s in specs} == {(c, "bf16") for c in want}  # dtype from the signature
+    assert [p.m for p in pts if p.validation]  # the validation points are planned (and pruned) too

@@ -1,6 +1,6 @@
 import pytest
 
-from oasr_ops.tune.shapes import bucket_of, fill_points, m_ladder
+from oasr_ops.tune.shapes import bucket_of, fill_ladder, fill_points, m_ladder
 
 
 def test_ladder_rungs():
@@ -25,17 +25,32 @@ def test_bucket_of_rejects_empty():
 
 
 def test_fill_points_unbounded():
-    # Rungs strictly between 128 and 1024, one below (120) and one above (2048).
-    assert fill_points([128, 1024]) == [120, 184, 256, 360, 512, 728, 2048]
+    # Rungs strictly between 128 and 1024, one below (120) and one above (1448: the fill ladder is x sqrt(2)).
+    assert fill_points([128, 1024]) == [120, 184, 256, 360, 512, 728, 1448]
     assert fill_points([128, 1024], margin=0) == [184, 256, 360, 512, 728]
     assert fill_points([128, 1024], max_m=1024) == [120, 184, 256, 360, 512, 728]
     assert fill_points([]) == []
 
 
 def test_fill_points_bounded_farthest_first():
-    # Log distance to the nearest measured point: 360 is farthest (ln(360/128)=1.03), then 2048 (ln 2 = 0.69,
-    # ahead of 256/512 whose distance shrank to ~0.35 once 360 was chosen).
-    assert fill_points([128, 1024], max_fill=2) == [360, 2048]
+    # Log distance to the nearest measured point: 360 is farthest (ln(360/128)=1.03), then 184 (ln(184/128) =
+    # 0.363, ahead of 512 (0.353), 1448 (ln(1448/1024) = 0.347), 256 and 728 (0.341) once 360 was chosen).
+    assert fill_points([128, 1024], max_fill=2) == [184, 360]
     # Hand-traced on a three-point census (see the farthest-point rule in fill_points' docstring).
-    assert fill_points([40, 416, 2152]) == [72, 96, 128, 184, 256, 728, 1024, 4096]
+    assert fill_points([40, 416, 2152]) == [72, 128, 184, 256, 728, 1024, 1448, 2896]
     assert fill_points([40, 416, 2152], max_fill=0) == []
+
+
+def test_fill_ladder_is_sqrt2_above_1024_and_keeps_the_buckets():
+    assert fill_ladder(1024) == m_ladder(1024)
+    assert fill_ladder(16384)[-8:] == [1448, 2048, 2896, 4096, 5792, 8192, 11584, 16384]
+    assert all(m % 8 == 0 for m in fill_ladder(1 << 20))
+    ratios = [b / a for a, b in zip(fill_ladder(1 << 20), fill_ladder(1 << 20)[1:]) if a >= 1024]
+    assert max(ratios) < 1.42 and min(ratios) > 1.40
+    assert bucket_of(1025) == 2048  # the autotune bucket ladder is unchanged
+
+
+def test_dense_fill_bounds_the_gap_above_1024():
+    # A census with one point per decade above 1024: with enough budget no gap exceeds x sqrt(2) (+ rounding).
+    ms = sorted([1024, 16384] + fill_points([1024, 16384], max_fill=32, margin=0))
+    assert max(b / a for a, b in zip(ms, ms[1:])) < 1.42

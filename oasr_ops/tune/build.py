@@ -2,21 +2,27 @@
 registered family with a candidate factory (`oasr_ops.tune.candidates`; `--family` picks one).
 
 Per signature:
-  1. points = census Ms (thinned with --thin/--max-points) + ladder fill points (shapes.fill_points); a family
-     may also take points from another family's census signatures (``handlers["census_from"]``: the int8
-     family measures every gemm site `quantize_` turns into a scaled_mm);
+  1. points = census Ms (thinned with --thin/--max-points) + fill points (shapes.fill_points: the fill ladder,
+     x sqrt(2) above 1024) + validation points (validation.geometric_midpoints between consecutive measured Ms;
+     --no-validate drops them); a family may also take points from another family's census signatures
+     (``handlers["census_from"]``: the int8 family measures every gemm site `quantize_` turns into a scaled_mm);
   2. arms = the family's candidates for the signature (gemm: `torch`, the lane default, then every feasible
      config of the native lane; scaled_mm: every eligible tile and the `heuristic` pseudo-arm), each passing its
      numeric gate first (a tolerance gate once, at the middle point; a bitwise gate at every point);
-  3. measure every arm at every point (bench.measure: CUDA graphs, separator, cold/warm weights, interleaved
-     shuffled rounds); where the family charges host issue cost the objective adds alpha x that cost, alpha =
-     the point's eager fraction;
-  4. partition (partition.partition_signature against the family's fallback arm, --min-speedup gate) and write
-     the entry with evidence and notes through database.publish;
+  3. per point, the arms the cost model keeps (prune.keep_ids: its top-16 + the forced set; --no-prune keeps
+     all), then cross-evaluation (prune.collect_table: every point's top-3 and the fallback at every point),
+     measured with bench.measure (CUDA graphs, separator, cold/warm weights, interleaved shuffled rounds); where
+     the family charges host issue cost the objective adds alpha x that cost, alpha = the point's eager fraction;
+  4. partition against the family's fallback arm (--min-speedup gate, --max-loss guard), checked at the
+     validation points (validation.partition_validated: a region whose config loses there is split or falls
+     back), and write the entry with evidence and notes through database.publish, with the cost model fitted
+     on the log (tune.calibrate.fit; the families it covers) as the file's ``model`` section;
   5. checkpoint the finished signature (a JSON per signature under the checkpoint directory), so an
      interrupted build resumes where it stopped.
-Every measurement is appended to a JSONL log (one record per arm per point) for `oasr tune evaluate` and
-`--from-log`.
+Every measurement is appended to a JSONL log (one record per arm per point; validation points' records carry
+``"validation": true``, must-tune points' ``"must_tune": true``; ``"pruned"`` lists the arms the
+model left out, on the point's first record) for `oasr tune evaluate` and `--from-log`; every line is still one
+measurement, and logs written before these fields load unchanged.
 """
 from __future__ import annotations
 
@@ -35,9 +41,12 @@ from ..runtime import registry
 from ..runtime.database import parse_signature
 from .candidates import (Candidate, candidates_for, fallback_id, gate_candidates, host_costs, operands_for,
                          parts_of, pseudo_arms, tunable_families)
-from .partition import partition_signature, thin_census
+from .partition import thin_census
 from .points import Point
+from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
 from .shapes import fill_points
+from .from_log import entries_from_log, log_tables, model_from_log, partition_logged  # noqa: F401  (re-exported)
+from .validation import geometric_midpoints, partition_validated
 
 FILL_WEIGHT = 0.01  # relative to the mean census weight: fill points inform region edges, traffic decides
 
@@ -128,6 +137,39 @@ def plan_points(work: SignatureWork, *, thin: bool, max_points: int, max_fill: i
     return sorted(pts + fills, key=lambda p: p.m)
 
 
+def validation_points(points: list[Point]) -> list[Point]:
+    """The held-out points between `points` (geometric midpoints of consecutive Ms), at fill weight."""
+    census = [p for p in points if not p.fill] or points
+    mean_w = sum(p.weight for p in census) / max(len(census), 1) or 1.0
+    return [Point(m, weight=FILL_WEIGHT * mean_w, validation=True) for m in geometric_midpoints(p.m for p in points)]
+
+
+def plan_signature(work: SignatureWork, opts: "BuildOptions") -> list[Point]:
+    """Every point the build measures for one signature (census, fill, validation), sorted by M."""
+    pts = plan_points(work, thin=opts.thin, max_points=opts.max_points, max_fill=opts.max_fill)
+    if opts.validate:
+        pts = sorted(pts + validation_points(pts), key=lambda p: p.m)
+    return pts
+
+
+def arm_plan(signature: str, points: list[Point], opts: "BuildOptions", arch: str,
+             cands: list[Candidate] | None = None, models: list | None = None) -> dict[int, list[str]]:
+    """Per M, the arms the build measures there before cross-evaluation: the candidates feasible at the point,
+    pruned by the cost model (prune.keep_ids) unless `opts.prune` is off. Deterministic from the signature, the
+    points and the arch's tuning file (its model section), so `oasr tune prebuild --census` plans the same."""
+    parts = parts_of(signature)
+    cands = candidates_for(parts, arch) if cands is None else cands
+    lane = registry.native_lane(arch, parts.family)
+    forced = forced_ids(cands, lane.default.id if lane is not None else None)
+    models = models_for(parts.family, arch) if models is None and opts.prune else (models or [None])
+    out: dict[int, list[str]] = {}
+    for p in points:
+        q = _with_parts(p, signature, parts)
+        here = [c.id for c in cands if c.feasible(q) is None]
+        out[p.m] = keep_ids(here, q, forced, models, top_k=opts.top_k, arch=arch) if opts.prune else here
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ measuring
 
 @dataclass
@@ -137,7 +179,7 @@ class BuildOptions:
     fresh: bool = False
     thin: bool = False
     max_points: int = 16
-    max_fill: int = 4
+    max_fill: int = 8
     min_speedup: float = 1.05
     max_loss: float = 0.02  # no region config may be > 2 % slower than the fallback at any measured point
     rounds: int = 5
@@ -146,6 +188,9 @@ class BuildOptions:
     arch: str | None = None
     progress: bool = True
     device: str = "cuda"  # where operands live (a CPU run exercises the path with the ops' CPU reference)
+    prune: bool = True  # measure only the cost model's top-k + the forced set per point (--no-prune: every arm)
+    top_k: int = TOP_K
+    validate: bool = True  # measure the geometric midpoints and check the regions there (--no-validate)
 
 
 @dataclass
@@ -157,6 +202,10 @@ class BuildResult:
     wall_s: float = 0.0
     resumed: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # "sig|config[|M=m]" -> numeric gate reason
+    arms_pruned: int = 0  # (point, arm) pairs the cost model left out
+    validation_points: int = 0  # held-out points measured
+    validation_splits: int = 0  # regions split (or handed to the fallback) because their config lost at one
+    model: bool = False  # a cost-model section was written
 
 
 def _ckpt_path(opts: BuildOptions, sig: str) -> Path:
@@ -164,18 +213,24 @@ def _ckpt_path(opts: BuildOptions, sig: str) -> Path:
     return opts.checkpoint_dir / (hashlib.sha256(sig.encode()).hexdigest()[:16] + ".json")
 
 
-def _as_point(p: Point, work: SignatureWork, parts: Any) -> Point:
+def _with_parts(p: Point, signature: str, parts: Any) -> Point:
     """A planned point with the signature's parts filled in (what a family's operands are shaped by)."""
     from dataclasses import replace
 
-    return replace(p, signature=work.signature, family=parts.family, op=parts.op, dtype=parts.dt or "half",
+    return replace(p, signature=signature, family=parts.family, op=parts.op, dtype=parts.dt or "half",
                    n=parts.n, k=parts.k)
 
 
+def _as_point(p: Point, work: SignatureWork, parts: Any) -> Point:
+    return _with_parts(p, work.signature, parts)
+
+
 def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptions, cands: list[Candidate],
-                      lane_name: str, host_us: dict[str, float], log_fh, result: BuildResult) -> dict[str, Any]:
-    """Measure every gated arm at every point of one signature and partition. Needs the family's ops to run on
-    `opts.device` (a CUDA GPU for real timings)."""
+                      lane_name: str, host_us: dict[str, float], log_fh, result: BuildResult,
+                      arch: str = "sm90") -> dict[str, Any]:
+    """Measure one signature (the arms `arm_plan` keeps at each point, then cross-evaluation) and partition,
+    checked at the validation points. Needs the family's ops to run on `opts.device` (a CUDA GPU for real
+    timings)."""
     import torch
 
     from . import bench
@@ -187,7 +242,8 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     charged = any(c.host is not None for c in cands)  # the objective adds host cost: the log says gpu_s apart
     pseudo = pseudo_arms(cands)
     cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True
-    mid = pts[len(pts) // 2]
+    main = [p for p in pts if not p.validation] or pts
+    mid = main[len(main) // 2]
     probe = operands_for(mid, opts.device, seed=0)
     copies = bench.copies_for(probe.weight_bytes(), cold=cold, cap=256)
     del probe
@@ -202,21 +258,37 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
             result.rejected[f"{work.signature}|{cid}"] = why
         passed = {c.id for c in ok}
         arms = [c for c in cands if c.gate.per_point or c.id in passed]
-    times: dict[int, dict[str, Any]] = {}
-    weights: dict[int, float] = {}
+    by_id = {c.id: c for c in arms}
+    all_ids = {c.id: c for c in cands}
+    # pruned over every feasible candidate, gated or not, so `oasr tune prebuild --census` (which cannot run the
+    # numeric gate) plans exactly these; a gated-out arm is then simply not measured
+    plan = arm_plan(work.signature, pts, opts, arch, cands=cands)
+    seeds = {p.m: i + 1 for i, p in enumerate(pts)}  # a cross-evaluation pass sees the same activations
     env = bench.Environment()
     t0 = time.monotonic()
-    ops = None
-    for i, p in enumerate(pts):
-        ops = operands_for(p, opts.device, seed=i + 1, like=shared)
-        here = [c for c in arms if c.feasible(p) is None]
+    seen: set[int] = set()
+    pruned_at: dict[int, list[str]] = {}  # logged on the point's first record
+
+    def arms_at(p: Point) -> list[str]:
+        keep = [c for c in plan[p.m] if c in by_id]
+        if opts.prune:
+            pruned_at[p.m] = [c.id for c in arms if c.id not in keep and c.feasible(p) is None]
+            result.arms_pruned += len(pruned_at[p.m])
+        return keep
+
+    def measure_at(p: Point, ids: list[str]) -> dict[str, Any]:
+        ops = operands_for(p, opts.device, seed=seeds[p.m], like=shared)
+        here = [by_id[c] for c in ids if c in by_id]
         per_point = [c for c in here if c.gate.per_point]
-        if per_point:
-            ok, rejected = gate_candidates(per_point, ops)
+        if per_point:  # the bitwise gate needs its baseline's output even where the baseline is not asked for
+            gl = list({c.id: c for c in [*per_point, *(all_ids[c.gate.baseline] for c in per_point)]}.values())
+            ok, rejected = gate_candidates(gl, ops)
             for cid, why in rejected.items():
                 result.rejected[f"{work.signature}|{cid}|M={p.m}"] = why
             passed = {c.id for c in ok}
             here = [c for c in here if not c.gate.per_point or c.id in passed]
+        if not here:
+            return {}
         calls_n = max(bench.MIN_CALLS, copies)
         arm_calls = {c.id: [c.make_call(ops, j) for j in range(calls_n)] for c in here}
         res = bench.measure(arm_calls, rounds=opts.rounds, env=env)
@@ -236,37 +308,52 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
                 rec["eager_fraction"] = p.eager_fraction
             rec.update(extra)
             rec.update({"l2": "cold" if cold else "warm", **env.as_dict(), "validators": stamp})
+            # new fields go last and only where set: a log without them reads as before
+            if p.validation:
+                rec["validation"] = True
+            if p.must_tune:
+                rec["must_tune"] = True
+            if p.m in pruned_at:
+                rec["pruned"] = pruned_at.pop(p.m)
             if log_fh is not None:
                 log_fh.write(json.dumps(rec) + "\n")
-        times[p.m] = row
-        weights[p.m] = p.weight
-        result.points_measured += 1
         result.arms_measured += len(row)
-        if opts.progress:
-            sys.stderr.write(f"\r  {work.signature}: {len(times)}/{len(points)} points")
-            sys.stderr.flush()
+        if p.m not in seen:
+            seen.add(p.m)
+            result.points_measured += 1
+            if opts.progress:
+                sys.stderr.write(f"\r  {work.signature}: {len(seen)}/{len(points)} points")
+                sys.stderr.flush()
+        return row
+
+    times = collect_table(pts, arms_at, measure_at, fallback=fallback_id(cands),
+                          feasible=lambda p, c: c in by_id and by_id[c].feasible(p) is None)
     if log_fh is not None:
         log_fh.flush()
     result.measure_s += time.monotonic() - t0
     if opts.progress:
         sys.stderr.write("\n")
-    part = partition_signature(times, weights, fallback=fallback_id(cands), min_speedup=opts.min_speedup,
-                               max_loss=opts.max_loss,
-                               starred=[p.m for p in points if p.must_tune],
-                               evidence_extra={p.m: {"_l2": "cold" if cold else "warm"} for p in points})
-    del shared, ops
+    l2 = "cold" if cold else "warm"
+    v = partition_validated(times, {p.m: p.weight for p in pts}, [p.m for p in pts if p.validation],
+                            fallback=fallback_id(cands), min_speedup=opts.min_speedup, max_loss=opts.max_loss,
+                            starred=[p.m for p in pts if p.must_tune],
+                            evidence_extra={p.m: {"_l2": l2} for p in pts})
+    result.validation_points += sum(1 for p in pts if p.validation)
+    result.validation_splits += v.splits
+    shared = None  # the weight copies go before the cache is emptied (the closures hold the cell)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return part.entry(source="aot")
+    return v.partition.entry(source="aot")
 
 
 MeasureOne = Any  # (work, points, opts, result) -> DB entry dict
 
 
 def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, lane_name: str,
-              measure_one: MeasureOne) -> BuildResult:
+              measure_one: MeasureOne, model_fn: Any = None) -> BuildResult:
     """The orchestration, independent of how a signature is measured: plan points, resume finished signatures
-    from their checkpoints, measure the rest, checkpoint each as it finishes, publish every entry."""
+    from their checkpoints, measure the rest, checkpoint each as it finishes, publish every entry (with
+    ``model_fn()``'s cost-model section when it returns one)."""
     from . import database
 
     t_start = time.monotonic()
@@ -281,7 +368,7 @@ def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, la
                 continue
             except (OSError, ValueError, KeyError):
                 pass  # a damaged checkpoint is measured again
-        points = plan_points(work, thin=opts.thin, max_points=opts.max_points, max_fill=opts.max_fill)
+        points = plan_signature(work, opts)
         if opts.progress:
             sys.stderr.write(f"[{i + 1}/{len(works)}] {sig}: {len(points)} points\n")
         entry = measure_one(work, points, opts, result)
@@ -291,7 +378,10 @@ def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, la
             tmp.write_text(json.dumps({"signature": sig, "entry": entry}))
             os.replace(tmp, _ckpt_path(opts, sig))
     if result.entries:
-        database.publish(opts.family, result.entries, tier=opts.out, arch=arch, lane=lane_name, fresh=opts.fresh)
+        model = model_fn() if model_fn is not None else None
+        result.model = model is not None
+        database.publish(opts.family, result.entries, tier=opts.out, arch=arch, lane=lane_name, fresh=opts.fresh,
+                         model=model)
     result.wall_s = time.monotonic() - t_start
     return result
 
@@ -318,51 +408,16 @@ def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
     try:
         def one(work, points, o, result):
             cands = candidates_for(parts_of(work.signature), arch)
-            return measure_signature(work, points, o, cands, lane.name, host_us, log_fh, result)
-        return run_build(works, opts, arch, lane.name, one)
+            return measure_signature(work, points, o, cands, lane.name, host_us, log_fh, result, arch)
+
+        def model() -> dict[str, Any] | None:  # fitted on the whole log: this run's records and earlier ones
+            if log_fh is not None:
+                log_fh.flush()
+            return model_from_log(opts.log, opts.family, arch) if opts.log else None
+        return run_build(works, opts, arch, lane.name, one, model)
     finally:
         if log_fh is not None:
             log_fh.close()
-
-
-def entries_from_log(log_path: str | Path, opts: BuildOptions, fallback: str | None = None
-                     ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """Partition a finished build's measurement log again, without a GPU (a changed partition rule is scored
-    and applied offline). Uses each record's median (the objective), weight and fill flag. The fallback arm is
-    the signature's family's (its candidates' ``fallback``) unless `fallback` names one. Returns the entries
-    and the soft validators the log's measurements were taken under (None when the log does not say)."""
-    from collections import defaultdict
-
-    times: dict[str, dict[int, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
-    weights: dict[str, dict[int, float]] = defaultdict(dict)
-    l2: dict[str, str] = {}
-    stamp: dict[str, Any] | None = None
-    with open(log_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            stamp = r.get("validators", stamp)
-            times[r["signature"]][int(r["m"])][r["config"]] = (r["median_s"], r.get("sigma_s", 0.0), r.get("n", 1))
-            weights[r["signature"]][int(r["m"])] = float(r.get("weight", 1.0))
-            l2[r["signature"]] = r.get("l2", "cold")
-    arch = opts.arch or "sm90"
-    out = {}
-    for sig in sorted(times):
-        parts = parse_signature(sig)
-        cands = candidates_for(parts, arch) if parts is not None else []
-        # A pseudo-arm is whatever tile the *current* rule picks, timed by its own record at that point: a
-        # refitted heuristic is partitioned against its own choices, not the ones the log was measured with.
-        for c in pseudo_arms(cands):
-            for m, row in times[sig].items():
-                tile = c.config_at(Point(m, n=parts.n, k=parts.k, op=parts.op, family=parts.family))
-                if tile in row:
-                    row[c.id] = row[tile]
-        part = partition_signature(dict(times[sig]), weights[sig], fallback=fallback or fallback_id(cands),
-                                   min_speedup=opts.min_speedup, max_loss=opts.max_loss,
-                                   evidence_extra={m: {"_l2": l2[sig]} for m in times[sig]})
-        out[sig] = part.entry(source="aot")
-    return out, stamp
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -376,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = BuildOptions(
         out=args.out, family=args.family, fresh=args.fresh, thin=args.thin, max_points=args.max_points,
         max_fill=args.max_fill, min_speedup=args.min_speedup, max_loss=args.max_loss, rounds=args.rounds,
-        arch=args.arch,
+        arch=args.arch, prune=not args.no_prune, top_k=args.top_k, validate=not args.no_validate,
         log=Path(args.log) if args.log else run_dir / f"{arch}.jsonl",
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else run_dir / f"{arch}-checkpoints",
     )
@@ -394,9 +449,11 @@ def _run(args: argparse.Namespace) -> int:
         if stamp is None:
             print("oasr tune build: the log records no validators; stamping with this machine's (pass "
                   "--stamp-from a DB file written by the measuring run)", file=sys.stderr)
+        model = model_from_log(args.from_log, args.family, a)
         database.publish(args.family, entries, tier=args.out, arch=a, lane=lane.name if lane else None,
-                         fresh=args.fresh, stamp=stamp)
-        print(json.dumps({"signatures": len(entries), "from_log": args.from_log, "stamp": stamp}))
+                         fresh=args.fresh, stamp=stamp, model=model)
+        print(json.dumps({"signatures": len(entries), "from_log": args.from_log, "stamp": stamp,
+                          "model": model is not None}))
         return 0
     if not args.census:
         print("oasr tune build: --census is required (or --from-log)", file=sys.stderr)
@@ -411,7 +468,9 @@ def _run(args: argparse.Namespace) -> int:
     print(json.dumps({"signatures": len(res.entries), "resumed": len(res.resumed),
                       "points_measured": res.points_measured, "arms_measured": res.arms_measured,
                       "measure_s": round(res.measure_s, 1), "wall_s": round(res.wall_s, 1),
-                      "rejected_by_numeric_gate": res.rejected, "log": str(opts.log)}, indent=1))
+                      "rejected_by_numeric_gate": res.rejected, "log": str(opts.log),
+                      "arms_pruned": res.arms_pruned, "validation_points": res.validation_points,
+                      "validation_splits": res.validation_splits, "model": res.model}, indent=1))
     return 0
 
 
@@ -426,11 +485,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
     p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
     p.add_argument("--max-points", type=int, default=16)
-    p.add_argument("--max-fill", type=int, default=4, help="ladder fill points per signature")
+    p.add_argument("--max-fill", type=int, default=8, help="ladder fill points per signature")
     p.add_argument("--min-speedup", type=float, default=1.05)
     p.add_argument("--max-loss", type=float, default=0.02,
                    help="a region config may lose to the fallback by at most this fraction at any point")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-prune", action="store_true",
+                   help="measure every arm at every point (default: the cost model's --top-k + the forced set)")
+    p.add_argument("--top-k", type=int, default=TOP_K, help="configs the cost model keeps per point")
+    p.add_argument("--no-validate", action="store_true",
+                   help="do not measure the geometric midpoints between measured Ms to check the regions there")
     p.add_argument("--arch", help="arch family (default: this GPU)")
     p.add_argument("--log", help="measurement log JSONL (default ~/.cache/oasr/tune/v2/measurements/<arch>.jsonl)")
     p.add_argument("--checkpoint-dir", help="per-signature checkpoints (resume)")

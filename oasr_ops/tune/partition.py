@@ -21,6 +21,8 @@ Pipeline (``partition_signature`` runs all of it; each step is a pure function t
    region. Regions round UP: M takes the first region with m_hi >= M, so a config serves only Ms at or below
    the largest M it was measured at in its region.
 
+7. (tune/validation.py) the regions are checked at held-out Ms between the measured ones.
+
 Also ``thin_census`` (``--thin --max-points``) which runs before measuring.
 
 No torch, no GPU. numpy only for the DP's inner minimum.
@@ -41,7 +43,7 @@ __all__ = [
     "DEFAULT_TOL", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP_K", "DEFAULT_REGION_PENALTY",
     "CensusPoint", "Segment", "Partition",
     "normalize_table", "effective_weights", "top_k", "cross_eval_requests", "covers", "set_cover",
-    "segment", "apply_gate", "to_regions", "partition_signature", "thin_census",
+    "segment", "apply_gate", "to_regions", "partition_signature", "thin_census", "DEFAULT_MAX_LOSS",
 ]
 
 DEFAULT_TOL = 0.03
@@ -49,6 +51,8 @@ DEFAULT_MIN_SPEEDUP = 1.05
 DEFAULT_TOP_K = 3
 #: A new region must save this fraction of the signature's total oracle weighted time to be worth it.
 DEFAULT_REGION_PENALTY = 0.002
+#: A region config may be at most this much slower than the fallback at any measured or held-out point.
+DEFAULT_MAX_LOSS = 0.02
 
 TimeLike = Union[float, int, Estimate, Sequence[float]]
 Table = Mapping[int, Mapping[str, TimeLike]]

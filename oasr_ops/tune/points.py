@@ -22,6 +22,8 @@ class Point:
     must_tune:      strict mode refuses to run it untuned.
     eager_fraction: share of its calls issued eagerly (the alpha of the build objective).
     fill:           a ladder fill point of the build (not a census point).
+    validation:     a held-out point of the build (a geometric midpoint between consecutive measured Ms): measured,
+                    but only used to check that the regions hold there (partition.partition_validated).
     signature:      the DB signature (``dt=half`` spelling for the half-precision families).
     family, op:     the signature's DB family and op.
     dtype:          the call's dtype name (``fp16`` / ``bf16``; ``half`` where the signature is all one knows).
@@ -40,6 +42,7 @@ class Point:
     dtype: str = "half"
     n: int = 0
     k: int = 0
+    validation: bool = False
 
 
 def point_of(signature: str, m: int, dtype: str | None = None, **fields) -> Point:

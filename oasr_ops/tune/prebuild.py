@@ -6,16 +6,26 @@ coverage basis of every lane on the arch; int8 scaled_mm: the same plus every he
 variant; bmm: both B layouts), with `--all` its whole spaces, with `--configs ID ...` exactly those configs (each
 built by the first family, in registration order, with a lane on the arch that holds it). `--family` narrows to
 one family; its choices are the registry's.
+
+`--census FILE` (spec, "Building on other architectures"): exactly the candidates `oasr tune build --census FILE`
+will load there (`census_plan`): per signature the build's points (census, fill, validation; --thin,
+--max-points, --max-fill as the build takes them) and at each the arms the cost model keeps (build.arm_plan: its
+top-k over the feasible configs + the forced set; --no-prune: all), a pseudo-arm as the tile it resolves to.
+Deterministic from the census and the arch's tuning files (the model section pruning ranks with), so a CPU
+compile server plans what the GPU build will load. Kernel dtype: the signature's (``dt=half`` is measured in
+fp16); each config is compiled in the variants its family builds for that dtype (bmm: both B layouts; int8:
+with the quantizing variant).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import Any
 
 from .. import families as _families  # noqa: F401  (fills the registry)
 from ..codegen.jit import JitSpec, build_many, nvcc_path
-from ..configs import ConfigError, parse
+from ..configs import SENTINELS, ConfigError, parse
 from ..runtime import registry
 from ..runtime.arch import normalize_arch
 
@@ -27,11 +37,53 @@ def prebuild_families() -> list[str]:
     return [name for name, spec in registry.families().items() if spec.handler("prebuild_specs") is not None]
 
 
+def census_plan(census: list[str], arch: str, family: str | None = None, opts: Any = None
+                ) -> dict[tuple[str, str], list[str]]:
+    """{(family, kernel dtype): sorted config ids} that `oasr tune build --census ...` loads on `arch`, for every
+    family with both a candidate factory and a prebuild set (or `family` alone). `opts`: the build's
+    BuildOptions (thinning, fill, pruning, validation); default: the build's defaults."""
+    from dataclasses import replace
+
+    from .build import BuildOptions, arm_plan, load_works, plan_signature
+    from .candidates import candidates_for, parts_of, tunable_families
+
+    opts = opts or BuildOptions()
+    out: dict[tuple[str, str], set[str]] = {}
+    for fam in tunable_families():
+        if family not in (None, fam) or fam not in prebuild_families():
+            continue
+        fopts = replace(opts, family=fam)
+        for sig, work in load_works(census, fam).items():
+            parts = parts_of(sig)
+            cands = candidates_for(parts, arch)
+            by_id = {c.id: c for c in cands}
+            points = plan_signature(work, fopts)
+            plan = arm_plan(sig, points, fopts, arch, cands=cands)
+            dt = {"bf16": "bf16"}.get(parts.dt or "", "fp16")
+            ids = out.setdefault((fam, dt), set())
+            for p in points:
+                q = replace(p, signature=sig, family=parts.family, op=parts.op, dtype=parts.dt or "half",
+                            n=parts.n, k=parts.k)
+                ids.update(c for c in (by_id[cid].config_at(q) for cid in plan[p.m]) if c not in SENTINELS)
+    return {key: sorted(ids) for key, ids in sorted(out.items()) if ids}
+
+
+def census_specs(census: list[str], arch: str, family: str | None = None, opts: Any = None) -> list[JitSpec]:
+    """The JitSpecs of `census_plan`, deduplicated, heaviest first."""
+    specs: dict[str, JitSpec] = {}
+    for (fam, dt), ids in census_plan(census, arch, family, opts).items():
+        for s in registry.get(fam).handler("prebuild_specs")(arch, False, (dt,), configs=[parse(c) for c in ids]):
+            specs.setdefault(s.name, s)
+    return sorted(specs.values(), key=lambda s: -s.est_memory)
+
+
 def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[str, ...],
-               family: str | None = None) -> list[JitSpec]:
+               family: str | None = None, census: list[str] | None = None, opts: Any = None) -> list[JitSpec]:
     names = prebuild_families()
     if not any(registry.lanes_for(arch, f) for f in names):
         raise SystemExit(f"oasr tune prebuild: no GEMM lane runs on {arch}")
+    if census:
+        return census_specs(census, arch, family, opts)
     specs: list[JitSpec] = []
     if configs:
         for cid in configs:
@@ -58,10 +110,16 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     dtypes = tuple(args.dtypes.split(",")) if args.dtypes else DTYPES
     specs: list[JitSpec] = []
+    opts = None
+    if args.census:
+        from .build import BuildOptions
+
+        opts = BuildOptions(thin=args.thin, max_points=args.max_points, max_fill=args.max_fill,
+                            prune=not args.no_prune, top_k=args.top_k, validate=not args.no_validate)
     try:
         for a in archs:
-            specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes, args.family)
-    except (ConfigError, ValueError) as e:
+            specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes, args.family, args.census, opts)
+    except (ConfigError, ValueError, OSError) as e:
         print(f"oasr tune prebuild: {e}", file=sys.stderr)
         return 2
     print(f"oasr tune prebuild: {len(specs)} kernel(s) for {', '.join(archs)}", file=sys.stderr)
@@ -75,6 +133,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--configs", nargs="+", metavar="ID", help="exactly these config ids")
     g.add_argument("--all", action="store_true", help="the whole config space of every lane")
+    g.add_argument("--census", action="append", metavar="FILE",
+                   help="exactly the candidates `oasr tune build --census FILE` loads (repeatable)")
+    p.add_argument("--thin", action="store_true", help="with --census: as the build's --thin")
+    p.add_argument("--max-points", type=int, default=16, help="with --census: as the build's --max-points")
+    p.add_argument("--max-fill", type=int, default=8, help="with --census: as the build's --max-fill")
+    p.add_argument("--no-prune", action="store_true", help="with --census: as the build's --no-prune")
+    p.add_argument("--top-k", type=int, default=16, help="with --census: as the build's --top-k")
+    p.add_argument("--no-validate", action="store_true", help="with --census: as the build's --no-validate")
     p.add_argument("--arch", help="override OASR_CUDA_ARCH_LIST (e.g. 9.0a)")
     p.add_argument("--dtypes", help="comma list of fp16,bf16 (default both)")
     p.add_argument("--family", choices=prebuild_families(), help="one kernel family only (default: all)")

@@ -6,14 +6,18 @@
    given, else the model traced once at ``example_inputs``' shapes through the backend's rewrite (the census
    tracer; FakeTensors, no compute) — every site reached is must-tune.
 2. coverage: a point is covered when `select_config`'s tier is ``user`` or ``system``.
-3. measuring (mode ``prewarm``, on a GPU of the DB's arch only): `measure_points(points, budget_s)` times each
-   point's candidates and returns the winners; they are published into the user tier as regions WITHOUT a
+3. measuring (mode ``prewarm``, on a GPU of the DB's arch only), within ``budget_s`` (`run_within_budget`):
+   every candidate kernel the points need is compiled first, in parallel (`compile_candidates`: codegen.jit's
+   build_many with the prebuild job budget) — the compile time counts against the budget; then the points are
+   measured in descending traffic weight until the budget is spent (it is overrun by at most the one point
+   being measured when it runs out). A point left unmeasured is served by the cost-model tier. The winners
+   are published into the user tier as regions WITHOUT a
    catch-all (``[[M, winner], ...]``, merged point-wise: autotune-style, a size above the largest measured one
    falls through), then `reload_tuning()` (from the backend: DB reload + plan reset only — compiled graphs cannot
    be reset while Dynamo is compiling). On a CPU nothing is measured and the report says so.
 4. strict: any point still uncovered raises `UncoveredPointsError` naming them.
 
-`measure_points` times with the shared bench protocol (oasr_ops.tune.bench): it takes the points (of any family
+`measure_points` (the same, returning only the winners) times with the shared bench protocol (oasr_ops.tune.bench): it takes the points (of any family
 with a candidate factory, `oasr_ops.tune.candidates`) and a budget and returns
 ``{(signature, dtype, m): (config, seconds)}``; one budget covers every family; nothing else here knows how
 timing works.
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .points import Point  # signature in the dt=half spelling; dtype: fp16 | bf16
 
@@ -36,10 +40,17 @@ class PrewarmReport:
     published: list[str] = field(default_factory=list)       # paths written
     note: str = ""
     elapsed_s: float = 0.0
+    compiled: list[str] = field(default_factory=list)        # kernels compiled up front (already built: not listed)
+    compile_failed: dict[str, str] = field(default_factory=dict)
+    compile_s: float = 0.0                                    # counted against budget_s
+    measure_s: float = 0.0
+    left_to_model: list[Point] = field(default_factory=list)  # uncovered, not measured: the cost-model tier serves them
 
     def __str__(self) -> str:
-        return (f"prewarm: {len(self.points)} must-tune point(s), {len(self.covered)} covered by the DB, "
-                f"{len(self.measured)} measured, {len(self.uncovered)} uncovered"
+        return (f"prewarm: {len(self.points)} must-tune point(s), {len(self.covered)} covered by the DB; "
+                f"compiled {len(self.compiled)} kernel(s) in {self.compile_s:.1f}s, "
+                f"measured {len(self.measured)} point(s) in {self.measure_s:.1f}s, "
+                f"{len(self.left_to_model)} left to the model, {len(self.uncovered)} uncovered"
                 + (f" ({self.note})" if self.note else "") + f" in {self.elapsed_s:.1f}s")
 
 
@@ -133,13 +144,99 @@ def is_covered(p: Point, arch: str | None = None) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- measuring
 
-def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, str, int], tuple[str, float]]:
-    """Each point's winner among its family's prewarm candidates (gemm: the lane's feasible configs that are in
-    the production set, and torch; scaled_mm: every eligible tile and the heuristic's), measured with the shared
-    protocol (bench.measure: CUDA graphs of N >= 8 calls, separator kernel subtracted, shuffled interleaved
-    rounds, median); points in order until the budget runs out. Every candidate passes its numeric gate first.
-    Returns {(signature, dtype, m): (config, s)}.
-    """
+Key = tuple[str, str, int]  # (signature, dtype, m)
+
+
+@dataclass
+class BudgetRun:
+    """What `run_within_budget` did: the winners, the compile report and where the seconds went."""
+
+    measured: dict[Key, tuple[str, float]] = field(default_factory=dict)
+    compiled: list[str] = field(default_factory=list)
+    compile_failed: dict[str, str] = field(default_factory=dict)
+    compile_s: float = 0.0
+    measure_s: float = 0.0
+    attempted: list[Point] = field(default_factory=list)  # in the order measured (descending weight)
+    left: list[Point] = field(default_factory=list)  # no winner: not reached in the budget, or nothing passed
+
+
+def run_within_budget(points: Sequence[Point], budget_s: float, *,
+                      compile_fn: Callable[[Sequence[Point]], Any],
+                      measure_fn: Callable[[Point, float], "tuple[str, float] | None"],
+                      clock: Callable[[], float] = time.monotonic) -> BudgetRun:
+    """The budget accounting, independent of how kernels are compiled and points timed.
+
+    ``compile_fn(points)`` compiles every kernel they need (returns an object with ``built`` and ``failed``, as
+    codegen.jit.BuildReport); its time counts against `budget_s`. Then points are measured heaviest first
+    (``measure_fn(point, deadline)``; ties keep the given order) while the clock is before the deadline, so the
+    budget is overrun by at most the one measurement running when it expires."""
+    run = BudgetRun()
+    t0 = clock()
+    deadline = t0 + budget_s
+    order = sorted(points, key=lambda p: -p.weight)
+    rep = compile_fn(order) if order else None
+    t1 = clock()
+    run.compile_s = t1 - t0
+    if rep is not None:
+        run.compiled = list(getattr(rep, "built", []))
+        run.compile_failed = dict(getattr(rep, "failed", {}))
+    for p in order:
+        if clock() >= deadline:
+            break
+        run.attempted.append(p)
+        win = measure_fn(p, deadline)
+        if win is not None:
+            run.measured[(p.signature, p.dtype, p.m)] = win
+    run.measure_s = clock() - t1
+    run.left = [p for p in order if (p.signature, p.dtype, p.m) not in run.measured]
+    return run
+
+
+def _kernel_dtype(p: Point) -> str:
+    return p.dtype if p.dtype in ("fp16", "bf16") else "fp16"
+
+
+def candidate_specs(points: Sequence[Point], arch: str) -> list[Any]:
+    """The JitSpecs of every config candidate `measure_point` times at `points` (a pseudo-arm: the tile it
+    resolves to there), through each family's ``prebuild_specs`` handler; deduplicated, heaviest first."""
+    from .candidates import candidates_for, parts_of
+    from ..configs import ConfigError, SENTINELS, parse
+    from ..runtime import registry
+
+    want: dict[tuple[str, str], set[str]] = {}
+    for p in points:
+        spec = registry.get(p.family)
+        if spec.handler("candidates") is None or spec.handler("prebuild_specs") is None:
+            continue
+        for c in candidates_for(parts_of(p.signature), arch):
+            if c.prewarm and c.feasible(p) is None:
+                cid = c.config_at(p)
+                if cid not in SENTINELS:
+                    want.setdefault((p.family, _kernel_dtype(p)), set()).add(cid)
+    specs: dict[str, Any] = {}
+    for (family, dt), ids in sorted(want.items()):
+        cfgs = []
+        for cid in sorted(ids):
+            try:
+                cfgs.append(parse(cid))
+            except ConfigError:
+                continue
+        for s in registry.get(family).handler("prebuild_specs")(arch, False, (dt,), configs=cfgs):
+            specs.setdefault(s.name, s)
+    return sorted(specs.values(), key=lambda s: -s.est_memory)
+
+
+def compile_candidates(points: Sequence[Point], arch: str, jobs: int | None = None) -> Any:
+    """Compile (never load) every candidate kernel of `points` in parallel: codegen.jit.build_many, whose job
+    budget is the prebuild's (CPU count, capped by free memory). Returns its BuildReport."""
+    from ..codegen.jit import build_many
+
+    return build_many(candidate_specs(points, arch), jobs=jobs, progress=False)
+
+
+def measure_within_budget(points: Sequence[Point], budget_s: float) -> BudgetRun:
+    """`run_within_budget` with the real compile (`compile_candidates`) and measurement (`measure_point`) on
+    this GPU; an empty run without a GPU."""
     import torch
 
     from . import bench
@@ -147,17 +244,20 @@ def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, 
 
     arch = current_arch_family()
     if not torch.cuda.is_available() or arch is None:
-        return {}
+        return BudgetRun(left=list(points))
     bench.refuse_in_capture()
-    deadline = time.monotonic() + budget_s
-    out: dict[tuple[str, str, int], tuple[str, float]] = {}
-    for p in points:
-        if time.monotonic() > deadline:
-            break
-        win = measure_point(p, arch, deadline)
-        if win is not None:
-            out[(p.signature, p.dtype, p.m)] = win
-    return out
+    return run_within_budget(points, budget_s, compile_fn=lambda pts: compile_candidates(pts, arch),
+                             measure_fn=lambda p, deadline: measure_point(p, arch, deadline))
+
+
+def measure_points(points: Sequence[Point], budget_s: float) -> dict[tuple[str, str, int], tuple[str, float]]:
+    """Each point's winner among its family's prewarm candidates (gemm: the lane's feasible configs that are in
+    the production set, and torch; scaled_mm: every eligible tile and the heuristic's), measured with the shared
+    protocol (bench.measure: CUDA graphs of N >= 8 calls, separator kernel subtracted, shuffled interleaved
+    rounds, median) after compiling them all up front; heaviest points first until the budget (compile time
+    included) runs out. Every candidate passes its numeric gate first. Returns {(signature, dtype, m): (config, s)}.
+    """
+    return measure_within_budget(points, budget_s).measured
 
 
 def measure_point(p: Point, arch: str, deadline: float | None = None, device: Any = "cuda"
@@ -222,7 +322,10 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
         elif current_arch_family() is None:
             rep.note = "no arch"
         else:
-            rep.measured = measure_points(todo, tuning.budget_s)
+            run = measure_within_budget(todo, tuning.budget_s)
+            rep.measured = run.measured
+            rep.compiled, rep.compile_failed = run.compiled, run.compile_failed
+            rep.compile_s, rep.measure_s = run.compile_s, run.measure_s
             rep.published = publish_winners(rep.measured)
             if rep.published:
                 if inside_compile:
@@ -238,9 +341,11 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
                     from ..tuning import reload_tuning
 
                     reload_tuning()
-            if len(rep.measured) < len(todo):
-                rep.note = f"budget {tuning.budget_s}s: {len(todo) - len(rep.measured)} point(s) not measured"
+            if len(run.attempted) < len(todo):
+                rep.note = (f"budget {tuning.budget_s}s: {len(todo) - len(run.attempted)} point(s) not reached, "
+                            "served by the cost-model tier")
     rep.uncovered = [p for p in todo if not is_covered(p)]
+    rep.left_to_model = [p for p in todo if (p.signature, p.dtype, p.m) not in rep.measured]
     rep.elapsed_s = time.monotonic() - t0
     if tuning.strict and rep.uncovered:
         raise UncoveredPointsError(rep.uncovered)

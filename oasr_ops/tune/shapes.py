@@ -14,9 +14,12 @@ Two users:
 * ``oasr_ops.autotune()`` keys a dynamic M by ``bucket_of(m)`` (the smallest rung >= m), so a new M in an already
   profiled bucket does not re-profile every candidate. Buckets are only cache keys: a result still serves only
   Ms at or below the M it was measured at (round-up semantics), which the caller enforces.
-* ``oasr tune build`` measures a signature's census Ms plus ``fill_points(census_ms)``: ladder rungs in the gaps
-  between census points (and one rung around each end), so the partition sees how configs rank between the
-  Ms the census happened to record.
+* ``oasr tune build`` measures a signature's census Ms plus ``fill_points(census_ms)``: rungs of the *fill*
+  ladder (`fill_ladder`: the same rungs up to 1024, then x sqrt(2) instead of x2 above it) in the gaps between
+  census points (and one rung around each end), so the partition sees how configs rank between the Ms the
+  census happened to record. Above 1024 the bucket ladder's x2 spacing left regions spanning 2-2.4x in M with
+  one measured point behind them; on the H200 that is where a region's config lost to cuBLAS between its
+  measured points (issue 11), so the build samples every x sqrt(2) there.
 
 Pure Python; no torch.
 """
@@ -25,7 +28,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["LINEAR_STEP", "LINEAR_MAX", "SQRT2_MAX", "DEFAULT_MAX_M", "m_ladder", "bucket_of", "fill_points"]
+__all__ = ["LINEAR_STEP", "LINEAR_MAX", "SQRT2_MAX", "DEFAULT_MAX_M", "m_ladder", "fill_ladder", "bucket_of",
+           "fill_points"]
 
 LINEAR_STEP = 8
 LINEAR_MAX = 128
@@ -39,14 +43,14 @@ def _round8(x: float) -> int:
     return int(math.floor(x / 8.0 + 0.5)) * 8
 
 
-def _rungs() -> Iterable[int]:
-    """The infinite ladder, increasing."""
+def _rungs(dense: bool = False) -> Iterable[int]:
+    """The infinite ladder, increasing (``dense``: x sqrt(2) forever, the build's fill ladder)."""
     for m in range(LINEAR_STEP, LINEAR_MAX + 1, LINEAR_STEP):
         yield m
     k = 1
     while True:
         m = _round8(LINEAR_MAX * 2.0 ** (k / 2.0))
-        if m > SQRT2_MAX:
+        if m > SQRT2_MAX and not dense:
             break
         yield m
         k += 1
@@ -72,6 +76,26 @@ def m_ladder(max_m: int = DEFAULT_MAX_M) -> list[int]:
     return out
 
 
+def fill_ladder(max_m: int = DEFAULT_MAX_M) -> list[int]:
+    """The build's fill-point ladder up to ``max_m``: `m_ladder`'s rungs up to 1024, then x sqrt(2) (1448, 2048,
+    2896, 4096, ...; every rung a multiple of 8, the even ones exact powers of two). Not a bucket ladder:
+    `bucket_of` (the autotune cache key) keeps the x2 rungs.
+
+    >>> fill_ladder(4096)[-6:]
+    [728, 1024, 1448, 2048, 2896, 4096]
+    """
+    out: list[int] = []
+    for m in _rungs(dense=True):
+        if m > max_m:
+            break
+        out.append(m)
+    return out
+
+
+def _next_fill_rung(m: int) -> int:
+    return next(r for r in _rungs(dense=True) if r >= m)
+
+
 def bucket_of(m: int) -> int:
     """The bucket serving ``m``: the smallest ladder rung ``>= m`` (the bucket's upper edge).
 
@@ -89,7 +113,8 @@ def bucket_of(m: int) -> int:
 
 def fill_points(census_ms: Iterable[int], *, max_fill: int = 8, margin: int = 1,
                 max_m: int | None = None) -> list[int]:
-    """Ladder rungs worth measuring for a signature besides its census Ms. Increasing, disjoint from the census.
+    """Fill-ladder rungs (`fill_ladder`) worth measuring for a signature besides its census Ms. Increasing,
+    disjoint from the census.
 
     Candidates: every rung strictly between the smallest and the largest census M, plus ``margin`` rungs below
     the smallest and ``margin`` above the largest ("around": the rung above the top census M tells the
@@ -105,10 +130,10 @@ def fill_points(census_ms: Iterable[int], *, max_fill: int = 8, margin: int = 1,
     if not census or max_fill <= 0:
         return []
     lo, hi = census[0], census[-1]
-    top = bucket_of(hi)
+    top = _next_fill_rung(hi)
     for _ in range(margin):
-        top = bucket_of(top + 1)
-    ladder = m_ladder(top)
+        top = _next_fill_rung(top + 1)
+    ladder = fill_ladder(top)
     cset = set(census)
     below = [r for r in ladder if r < lo][-margin:] if margin > 0 else []
     inside = [r for r in ladder if lo < r < hi]
