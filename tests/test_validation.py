@@ -28,6 +28,7 @@ def test_geometric_midpoints():
     assert geometric_midpoints([256, 1024, 4096]) == [512, 2048]
     assert geometric_midpoints([8, 15, 16]) == [11]  # 15 and 16 have no integer strictly between them
     assert geometric_midpoints([]) == [] and geometric_midpoints([7]) == []
+    assert geometric_midpoints([24000, 24032, 40000]) == [31005]  # 24000/24032: too close to check between
 
 
 def test_served_at_rounds_up():

@@ -45,7 +45,7 @@ from .partition import thin_census
 from .points import Point
 from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
 from .shapes import fill_points
-from .from_log import entries_from_log, log_tables, model_from_log, partition_logged  # noqa: F401  (re-exported)
+from .from_log import entries_from_log, model_from_log  # noqa: F401  (entries_from_log: re-exported)
 from .validation import geometric_midpoints, partition_validated
 
 FILL_WEIGHT = 0.01  # relative to the mean census weight: fill points inform region edges, traffic decides
@@ -221,10 +221,6 @@ def _with_parts(p: Point, signature: str, parts: Any) -> Point:
                    n=parts.n, k=parts.k)
 
 
-def _as_point(p: Point, work: SignatureWork, parts: Any) -> Point:
-    return _with_parts(p, work.signature, parts)
-
-
 def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptions, cands: list[Candidate],
                       lane_name: str, host_us: dict[str, float], log_fh, result: BuildResult,
                       arch: str = "sm90") -> dict[str, Any]:
@@ -238,7 +234,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
 
     stamp = current_soft_validators(lane_name)  # what these measurements depend on, for --from-log
     parts = parts_of(work.signature)
-    pts = [_as_point(p, work, parts) for p in points]
+    pts = [_with_parts(p, work.signature, parts) for p in points]
     charged = any(c.host is not None for c in cands)  # the objective adds host cost: the log says gpu_s apart
     pseudo = pseudo_arms(cands)
     cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True

@@ -18,17 +18,21 @@ from typing import Any
 
 from .partition import DEFAULT_MAX_LOSS, Partition, Table, _medians, partition_signature
 
-__all__ = ["geometric_midpoints", "served_at", "Validated", "partition_validated"]
+__all__ = ["MIN_RATIO", "geometric_midpoints", "served_at", "Validated", "partition_validated"]
+
+#: Consecutive measured Ms closer than this get no validation point between them.
+MIN_RATIO = 1.2
 
 
-def geometric_midpoints(ms: Iterable[int]) -> list[int]:
-    """round(sqrt(a * b)) for each pair of consecutive distinct Ms, where that lies strictly between them: the
-    held-out Ms a build measures to check its regions between the points they were chosen at."""
+def geometric_midpoints(ms: Iterable[int], min_ratio: float = MIN_RATIO) -> list[int]:
+    """round(sqrt(a * b)) for each pair of consecutive distinct Ms at least `min_ratio` apart, where that lies
+    strictly between them: the held-out Ms a build measures to check its regions between the points they were
+    chosen at. Ms closer than `min_ratio` (census Ms a few % apart) leave nothing to check between them."""
     s = sorted({int(m) for m in ms if int(m) > 0})
     out = []
     for a, b in zip(s, s[1:]):
         v = int(round(math.sqrt(a * b)))
-        if a < v < b:
+        if b >= min_ratio * a and a < v < b:
             out.append(v)
     return out
 
