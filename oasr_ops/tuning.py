@@ -3,44 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass
 from typing import Any
 
-_MODES = ("off", "prewarm")
+from .tune.config import TuningConfig, UncoveredPointsError  # noqa: F401  (public names: oasr_ops.TuningConfig)
 
-
-@dataclass(frozen=True)
-class TuningConfig:
-    """How a deployment treats GEMM points the tuning DB does not cover.
-
-    mode:     ``off`` (serve what the DB / fallbacks say) or ``prewarm`` (measure the uncovered must-tune
-              points into the user tier before anything is compiled; nothing to measure on a CPU).
-    budget_s: wall-clock budget for that measuring, seconds.
-    strict:   raise `UncoveredPointsError` (naming the points) rather than run an uncovered must-tune point on
-              a fallback. Checked after prewarm measured what it could.
-    """
-
-    mode: str = "off"
-    budget_s: float = 120.0
-    strict: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in _MODES:
-            raise ValueError(f"TuningConfig.mode must be one of {_MODES}, got {self.mode!r}")
-        if not (isinstance(self.budget_s, (int, float)) and self.budget_s >= 0):
-            raise ValueError(f"TuningConfig.budget_s must be a non-negative number, got {self.budget_s!r}")
-
-
-class UncoveredPointsError(RuntimeError):
-    """strict tuning: must-tune GEMM points that no DB tier (user/system) covers."""
-
-    def __init__(self, points: list[Any]) -> None:
-        self.points = list(points)
-        shown = ", ".join(f"{p.signature} M={p.m}" for p in self.points[:20])
-        more = f" (+{len(self.points) - 20} more)" if len(self.points) > 20 else ""
-        super().__init__(f"{len(self.points)} must-tune GEMM point(s) not covered by the tuning DB "
-                         f"(user/system tier): {shown}{more}. Run `oasr tune build`, "
-                         "TuningConfig(mode='prewarm') on a GPU, or drop strict=True to use fallbacks.")
+_TUNED = ("user", "system")
+_FROM_GRAPH = ("explicit", "baked")  # a plan whose config the compiled graph (or the caller) named
 
 
 def reload_tuning() -> int:
@@ -49,17 +17,9 @@ def reload_tuning() -> int:
     Returns the new epoch. The next call of a compiled model recompiles; the pass's uuid carries the DB hash,
     so an FX-graph cache entry compiled against the old DB is not reused.
     """
-    import torch
+    from .runtime.reload import reload_tuning as _reload
 
-    from .runtime import database, registry
-
-    epoch = database.reload()
-    for spec in registry.families().values():  # every family's plan cache (keyed by epoch too)
-        reset = spec.handler("reset_plans")
-        if reset is not None:
-            reset()
-    torch.compiler.reset()
-    return epoch
+    return _reload()
 
 
 def prewarm(model: Any, example_inputs: Any, tuning: TuningConfig | None = None, **kw: Any):
@@ -69,36 +29,91 @@ def prewarm(model: Any, example_inputs: Any, tuning: TuningConfig | None = None,
     return _prewarm(model, example_inputs, tuning=tuning, **kw)
 
 
-def family_lines(epoch: int | None = None) -> list[str]:
-    """One line per kernel family over the graphs the backend rewrote in the current DB epoch."""
-    from .inductor.rewrite import rewrite_log
+def _fmt(d: dict[str, int]) -> str:
+    return ", ".join(f"{t}={c}" for t, c in sorted(d.items())) or "none"
+
+
+def _graph_lines(results: list[Any], source: str) -> dict[str, str]:
+    """family -> one line over the sites of `results` (compiled graphs), tagged with where they come from."""
     from .runtime import database
 
-    ep = database.epoch() if epoch is None else epoch
     fams: dict[str, dict[str, Any]] = {}
-    for res in rewrite_log():
-        if res.epoch != ep:
-            continue
+    for res in results:
         for s in res.sites:
             f = fams.setdefault(s.family, {"ops": 0, "sigs": set(), "tiers": {}})
             f["ops"] += 1
             f["sigs"].add(database.signature(s.family, s.op, "half", s.n, s.k))
             f["tiers"][s.tier] = f["tiers"].get(s.tier, 0) + 1
+    out = {}
+    for fam, f in fams.items():
+        tuned = {t: c for t, c in f["tiers"].items() if t in _TUNED}
+        other = {t: c for t, c in f["tiers"].items() if t not in _TUNED}
+        out[fam] = (f"{fam}: {f['ops']} op(s) over {len(f['sigs'])} signature(s) in compiled graphs: "
+                    f"{sum(tuned.values())} with a tuning entry ({_fmt(tuned)}), "
+                    f"{sum(other.values())} on a fallback ({_fmt(other)}) [{source}]")
+    return out
+
+
+def _served_lines() -> dict[str, str]:
+    """family -> one line over the plans that actually served calls (each family's ``served`` handler: the CUDA
+    path's plans since the last reload, with their tier and call count; the CPU reference path makes none)."""
+    from .runtime import registry
+
+    out = {}
+    for name, spec in registry.families().items():
+        served = spec.handler("served")
+        plans = list(served()) if served is not None else []
+        if not plans:
+            continue
+        calls = {"tuned": {}, "graph": {}, "fallback": {}}
+        for p in plans:
+            kind = "tuned" if p.tier in _TUNED else "graph" if p.tier in _FROM_GRAPH else "fallback"
+            calls[kind][p.tier] = calls[kind].get(p.tier, 0) + p.calls
+        total = sum(p.calls for p in plans)
+        out[name] = (f"{name}: {total} call(s) served by {len(plans)} plan(s) over "
+                     f"{len({p.signature for p in plans})} signature(s): "
+                     f"{sum(calls['tuned'].values())} from a tuning entry ({_fmt(calls['tuned'])}), "
+                     f"{sum(calls['graph'].values())} on a config the graph named ({_fmt(calls['graph'])}), "
+                     f"{sum(calls['fallback'].values())} on a fallback ({_fmt(calls['fallback'])}) "
+                     "[served calls since the last reload]")
+    return out
+
+
+def family_lines(epoch: int | None = None) -> list[str]:
+    """Per kernel family, one line per source of truth, each saying which it is:
+
+    * ``rewritten in this process``: the graphs the backend's pass rewrote in the DB epoch (`rewrite_log`);
+    * ``FX/AOT cache hit``: graphs compiled from Inductor's caches, where the pass does not run — their sites
+      re-derived (`oasr_ops.inductor.rewrite.cache_hit_log`);
+    * ``served calls``: the plans that ran calls (each family's ``served`` handler; CUDA only).
+    """
+    from .inductor import rewrite
+    from .runtime import database
+
+    ep = database.epoch() if epoch is None else epoch
+    passed = [r for r in rewrite.rewrite_log() if r.epoch == ep]
+    hits = [r for r in rewrite.cache_hit_log() if r.epoch == ep]  # (the log holds the current epoch's only)
+    sources = [
+        _graph_lines(passed, f"rewritten in this process: {len(passed)} graph(s)"),
+        _graph_lines(hits, f"FX/AOT cache hit: re-derived from {len(hits)} cached graph(s)"),
+        _served_lines(),
+    ]
     lines = []
-    for fam, f in sorted(fams.items()):
-        tuned = {t: c for t, c in f["tiers"].items() if t in ("user", "system")}
-        other = {t: c for t, c in f["tiers"].items() if t not in ("user", "system")}
-        fmt = lambda d: ", ".join(f"{t}={c}" for t, c in sorted(d.items()))  # noqa: E731
-        lines.append(f"{fam}: {f['ops']} op(s) over {len(f['sigs'])} signature(s) in compiled graphs: "
-                     f"{sum(tuned.values())} with a tuning entry ({fmt(tuned) or 'none'}), "
-                     f"{sum(other.values())} on a fallback ({fmt(other) or 'none'})")
+    for fam in sorted({f for src in sources for f in src}):
+        lines.extend(src[fam] for src in sources if fam in src)
+    failed = [why for r in hits for node, why in r.skipped if node == "<graph>"]
+    if failed:
+        lines.append(f"{len(failed)} cached graph(s) could not be re-derived: {failed[0]}")
+    if rewrite.cache_hits_dropped():
+        lines.append(f"{rewrite.cache_hits_dropped()} more cache-hit graph(s) not recorded (limit reached)")
     if not lines:
-        lines.append("gemm: 0 op(s) in compiled graphs (nothing rewritten in this DB epoch)")
+        lines.append("no oasr op in compiled graphs or served calls in this DB epoch (nothing rewritten, no "
+                     "cache-hit graph recorded, no CUDA plan ran)")
     return lines
 
 
 def tuning_report(print_: bool = True) -> str:
-    """The selector's per-tier report, then one line per family for the compiled graphs; printed and returned."""
+    """The selector's per-tier report, then the per-family lines (`family_lines`); printed and returned."""
     from .runtime import select
 
     buf = io.StringIO()

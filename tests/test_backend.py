@@ -244,6 +244,61 @@ def test_reload_changes_what_runs_and_cache_hits_only_on_unchanged_db(db_env, tm
         assert rewrite.rewrite_log()[-1].sites[0].config == B
 
 
+# ---------------------------------------------------------------------------------------------------- report
+
+def _site_keys(results):
+    return sorted((s.signature, s.m, s.config, s.tier, s.activation, s.bias) for r in results for s in r.sites)
+
+
+def test_report_is_true_on_fx_cache_hit(db_env):
+    """Issue 12: on a warm Inductor cache the pass does not run; the report still lists the graph's sites,
+    re-derived from the cached graph, and says that is where the line comes from."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
+
+    from oasr_ops.tuning import family_lines
+
+    publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[64, A]]})
+    oasr_ops.reload_tuning()
+    model = mlp()
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)  # M = 16
+    counters.clear()
+    with inductor_config.patch(fx_graph_cache=True), torch.no_grad():
+        torch.compile(model, backend=oasr_backend)(x)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1
+        first = family_lines()
+        baked = _site_keys(rewrite.rewrite_log())
+        assert first == ["gemm: 2 op(s) over 2 signature(s) in compiled graphs: 1 with a tuning entry (user=1), "
+                         "1 on a fallback (default=1) [rewritten in this process: 1 graph(s)]"]
+        rewrite.clear_rewrite_log()
+        torch._dynamo.reset()
+        assert family_lines()[0].startswith("no oasr op")  # nothing compiled since the log was cleared
+        y = torch.compile(model, backend=oasr_backend)(x)
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1 and not rewrite.rewrite_log()
+        (hit,) = rewrite.cache_hit_log()
+        assert hit.source == "cache" and _site_keys([hit]) == baked  # what the pass baked: A for fc1 at M=16
+        assert family_lines() == [first[0].replace("rewritten in this process: 1 graph(s)",
+                                                   "FX/AOT cache hit: re-derived from 1 cached graph(s)")]
+    assert (y.float() - model(x).float()).abs().max().item() < 0.1
+    oasr_ops.reload_tuning()  # a new DB epoch: the cache hit no longer describes what will run
+    assert not rewrite.cache_hit_log()
+
+
+def test_report_lists_served_plans_per_family(db_env, monkeypatch):
+    """The served source: each family's `served` handler (CUDA plans with tier and call count), faked here."""
+    from oasr_ops.runtime import registry
+    from oasr_ops.runtime.plans import Plan
+    from oasr_ops.tuning import family_lines
+
+    sig = "gemm|op=gemm|dt=half|N=64|K=128"
+    plans = [Plan(A, "user", sig, run=None, calls=5), Plan(B, "explicit", sig, run=None, calls=3),
+             Plan("torch", "default", "gemm|op=gemm|dt=half|N=128|K=64", run=None, calls=2)]
+    monkeypatch.setitem(registry.get("gemm").handlers, "served", lambda: plans)
+    assert family_lines() == [
+        "gemm: 10 call(s) served by 3 plan(s) over 2 signature(s): 5 from a tuning entry (user=5), 3 on a config "
+        "the graph named (explicit=3), 2 on a fallback (default=2) [served calls since the last reload]"]
+
+
 # ---------------------------------------------------------------------------------------------------- prewarm
 
 def test_prewarm_on_cpu_reports_and_strict_raises(db_env):

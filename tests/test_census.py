@@ -187,3 +187,41 @@ def test_prewarm_from_census_points(tmp_path, monkeypatch, conformer_census):
     finally:
         monkeypatch.undo()
         database.reload()
+
+
+def test_census_points_come_from_each_familys_recorder(monkeypatch):
+    """families/graph.py's census contract: the default is one dt=half point per site; bmm's recorder gives none
+    (counted under not_censused); a family's own `census` handler replaces the default."""
+    from torch import nn
+
+    from oasr_ops.families.graph import CensusPoint, GemmSite, census_points
+    from oasr_ops.runtime import registry
+
+    g = GemmSite("gemm|op=gemm|dt=bf16|N=64|K=32", "gemm", "gemm", "bf16", 64, 32, 16)
+    assert census_points(g) == [CensusPoint("gemm|op=gemm|dt=half|N=64|K=32", "gemm", "gemm", "bf16", 64, 32, 16)]
+
+    class Att(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(64, 64)
+
+        def forward(self, x):
+            q = self.q(x)
+            return q @ q.transpose(1, 2)  # aten.bmm [B, 16, 64] x [B, 64, 16]: rewritten, not censused
+
+    model = Att().to(torch.bfloat16)
+    tracer = C.ModelTracer(model, lambda b, t: ((b, t, 64), torch.bfloat16, torch.device("cpu")), (0, None))
+    c = C.run_census(tracer, [C.Key(2, 16, 1.0), C.Key(4, 16, 1.0)], "offline")
+    doc = c.to_json()
+    assert list(doc["signatures"]) == ["gemm|op=gemm|dt=half|N=64|K=64"]
+    assert [p["m"] for p in doc["signatures"]["gemm|op=gemm|dt=half|N=64|K=64"]["points"]] == [32, 64]
+    assert doc["not_censused"] == {"bmm": 1}  # one trace (B symbolic), one bmm site in it
+
+    def twice(site):  # a recorder with its own point form: two calls per site at M and 2M
+        return [CensusPoint("gemm|op=gemm|dt=half|N=64|K=64", "gemm", "gemm", site.dtype, 64, 64, m)
+                for m in (site.m_expr, 2 * site.m_expr)]
+
+    monkeypatch.setitem(registry.get("gemm").handlers, "census", twice)
+    tracer = C.ModelTracer(model, lambda b, t: ((b, t, 64), torch.bfloat16, torch.device("cpu")), (0, None))
+    pts = C.run_census(tracer, [C.Key(2, 16, 1.0)], "offline").to_json()["signatures"]
+    assert [p["m"] for p in pts["gemm|op=gemm|dt=half|N=64|K=64"]["points"]] == [32, 64]

@@ -19,7 +19,8 @@ non-default):
   patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours.
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
-`compile_fx(gm, example_inputs, config_patches=...)`.
+`compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
+run), the graph is recorded for the tuning report (`rewrite.record_cache_hit`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from . import rewrite
 from .rewrite import ChainedPass, OasrRewritePass
 
 
@@ -58,7 +60,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         quantize_graph(gm, example_inputs, quantization)
     tuning = opts.pop("tuning", None)
     if tuning is not None:
-        from ..tuning import TuningConfig
+        from ..tune.config import TuningConfig
 
         if isinstance(tuning, dict):
             tuning = TuningConfig(**tuning)
@@ -68,7 +70,11 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
             from ..tune.prewarm import prewarm_graph
 
             prewarm_graph(gm, example_inputs, tuning)
-    return compile_fx(gm, example_inputs, config_patches=_config_patches(mode, opts))
+    runs = rewrite.pass_runs()
+    compiled = compile_fx(gm, example_inputs, config_patches=_config_patches(mode, opts))
+    if rewrite.pass_runs() == runs:  # an FX/AOT cache hit: the pass did not run; the report re-derives the sites
+        rewrite.record_cache_hit(gm, example_inputs)
+    return compiled
 
 
 def _reset() -> None:

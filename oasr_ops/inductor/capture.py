@@ -15,7 +15,6 @@ directly are not recorded — only `oasr.gemm`.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 from collections import Counter
@@ -24,6 +23,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..tune.capture_file import read_capture, write_counts  # noqa: F401  (the file format; re-exported)
 
 ENV = "OASR_CAPTURE_GEMM"
 
@@ -73,40 +74,6 @@ class GemmRecorder(TorchDispatchMode):
 
 _installed: GemmRecorder | None = None
 _path: Path | None = None
-
-
-def read_capture(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a capture file (JSON lines); malformed lines are skipped."""
-    out = []
-    p = Path(path)
-    if not p.exists():
-        return out
-    for line in p.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get("signature"), str) and isinstance(r.get("m"), int):
-            out.append(r)
-    return out
-
-
-def write_counts(path: str | os.PathLike, counts: Counter) -> None:
-    """Merge `counts` into the capture file at `path` (lock, re-read, add, atomic replace)."""
-    from filelock import FileLock
-
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(p) + ".lock"):
-        merged: Counter = Counter()
-        for r in read_capture(p):
-            merged[(r["signature"], r.get("dtype", "half"), r["m"])] += int(r.get("calls", 1))
-        merged.update(counts)
-        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            for (sig, dt, m), c in sorted(merged.items()):
-                f.write(json.dumps({"signature": sig, "dtype": dt, "m": m, "calls": c}) + "\n")
-        os.replace(tmp, p)
 
 
 def flush() -> None:

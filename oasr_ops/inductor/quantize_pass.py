@@ -3,8 +3,8 @@
 Runs on Dynamo's graph, before AOTAutograd: every `linear` whose weight is a module parameter (an
 `nn.Parameter` graph input, fp16/bf16, [N, K] with K % 16 == 0 and N % 8 == 0 — the layers `quantize_` would
 swap) is replaced by `quantize_weight` (per output channel, the same math as `quantize_`) followed by
-`quantize.quantized_linear` (per-token activation quantization + `oasr::scaled_mm`, the very code `QuantLinear`
-runs). The post-grad pass then bakes scaled_mm configs like gemm ones.
+`quantized_linear` (per-token activation quantization + `oasr::scaled_mm`, the very code `QuantLinear` runs;
+both in `oasr_ops.families.scaled_mm.quantize`). The post-grad pass then bakes scaled_mm configs like gemm ones.
 
 Weights: the parameters stay graph inputs (AOTAutograd accepts no new constants from a backend), so the weight
 quantization is part of the graph. With Inductor's freezing on (`torch._inductor.config.freezing = True` before
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..quantize import SCHEMES, quantize_weight, quantized_linear
+from ..families.scaled_mm.quantize import SCHEMES, quantize_weight, quantized_linear
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 

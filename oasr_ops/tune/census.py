@@ -22,8 +22,10 @@ replayed traffic used it (its weight is then 0).
 
 Tracing (why it is fast): the model is traced with `make_fx` on FakeTensors (no real compute, weights built on
 the ``meta`` device when the builder accepts ``device``), with Inductor's decomposition table, and the graph is
-run through the backend's own rewrite (`oasr_ops.inductor.rewrite.rewrite_graph`, ``bake=False``), so the census
-sees exactly the sites the backend rewrites. Batch and time are *symbolic* in the trace: one trace gives every
+run through the backend's own rewrite (`oasr_ops.families.graph.rewrite_graph`, ``bake=False``), so the census
+sees exactly the sites the backend rewrites. Each site becomes census points through its family's ``census``
+handler (default: one point per site; a family that is not censused yet gives none, counted under
+``not_censused``). Batch and time are *symbolic* in the trace: one trace gives every
 site's M as an expression of (B, T), and each key is a substitution — all 16 layers sharing a signature cost
 nothing extra. A trace records the shape guards the model took; a key that violates them (B=1 specialises,
 a time length under the subsampling's minimum) gets a trace of its own, so results are exact per key.
@@ -50,117 +52,15 @@ import importlib
 import inspect
 import os
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-DEFAULT_TIME_GRANULARITY = 64
-DEFAULT_MAX_KEYS = 1024
-DEFAULT_STEPS = 1000
-DEFAULT_MAX_SECONDS = 30.0
-
-
-# ---------------------------------------------------------------------------------------------------- keys
-
-@dataclass(frozen=True)
-class Key:
-    batch: int
-    frames: int
-    traffic: float = 0.0  # batches (offline) or expected steps (streaming) using this key
-
-
-def batch_buckets(max_batch_size: int) -> list[int]:
-    if max_batch_size < 1:
-        raise ValueError("max_batch_size must be >= 1")
-    out, b = [], 1
-    while b < max_batch_size:
-        out.append(b)
-        b *= 2
-    out.append(max_batch_size)
-    return out
-
-
-def _round_up(x: int, step: int) -> int:
-    return -(-x // step) * step
-
-
-def read_manifest(path: str | Path) -> list[float]:
-    """Durations (seconds) from JSON lines with a ``duration`` field; blank lines skipped."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        d = rec.get("duration") if isinstance(rec, dict) else None
-        if not isinstance(d, (int, float)) or d <= 0:
-            raise ValueError(f"{path}:{i}: no positive 'duration'")
-        out.append(float(d))
-    return out
-
-
-def offline_keys(durations: Sequence[float], max_batch_size: int, *, frame_shift_ms: float = 10.0,
-                 time_granularity: int = DEFAULT_TIME_GRANULARITY, fixed_window: int | None = None,
-                 max_frames: int | None = None) -> list[Key]:
-    """Every (batch bucket, time bucket) key, each with the number of replayed batches it serves."""
-    bb = batch_buckets(max_batch_size)
-    frames = [max(1, round(d * 1000.0 / frame_shift_ms)) for d in durations]
-    if fixed_window:
-        tb = [int(fixed_window)]
-
-        def t_bucket(t: int) -> int:
-            return int(fixed_window)
-    else:
-        top = max_frames or (max(frames) if frames else round(DEFAULT_MAX_SECONDS * 1000 / frame_shift_ms))
-        tb = list(range(time_granularity, _round_up(top, time_granularity) + 1, time_granularity))
-
-        def t_bucket(t: int) -> int:
-            return _round_up(min(t, tb[-1]), time_granularity)
-    traffic: dict[tuple[int, int], int] = {}
-    order = sorted(frames, reverse=True)
-    for i in range(0, len(order), max_batch_size):
-        batch = order[i:i + max_batch_size]
-        b = next(x for x in bb if x >= len(batch))
-        key = (b, t_bucket(batch[0]))
-        traffic[key] = traffic.get(key, 0) + 1
-    return [Key(b, t, float(traffic.get((b, t), 0))) for b in bb for t in tb]
-
-
-def default_concurrency(max_batch_size: int, mean: float | None = None) -> dict[int, float]:
-    """Poisson(mean, default max/4) over 1..max, renormalised (see the module docstring)."""
-    lam = float(mean) if mean else max(1.0, max_batch_size / 4.0)
-    logp = {w: w * math.log(lam) - lam - math.lgamma(w + 1) for w in range(1, max_batch_size + 1)}
-    top = max(logp.values())
-    p = {w: math.exp(v - top) for w, v in logp.items()}
-    s = sum(p.values())
-    return {w: v / s for w, v in p.items()}
-
-
-def chunk_input_frames(chunk_size: int, subsampling: int) -> int:
-    return chunk_size * subsampling + max(subsampling - 1, 0)
-
-
-def streaming_keys(max_batch_size: int, frames: int, histogram: dict[int, float] | None = None,
-                   steps: int = DEFAULT_STEPS) -> list[Key]:
-    hist = histogram or default_concurrency(max_batch_size)
-    total = sum(v for w, v in hist.items() if 1 <= int(w) <= max_batch_size) or 1.0
-    return [Key(w, frames, steps * float(hist.get(w, hist.get(str(w), 0.0))) / total)
-            for w in range(1, max_batch_size + 1)]
-
-
-def limit_keys(keys: list[Key], max_keys: int | None) -> list[Key]:
-    if not max_keys or len(keys) <= max_keys:
-        return keys
-    hot = sorted((k for k in keys if k.traffic > 0), key=lambda k: -k.traffic)[:max_keys]
-    cold = [k for k in keys if k.traffic <= 0]
-    room = max_keys - len(hot)
-    if room > 0 and cold:
-        step = len(cold) / room
-        hot += [cold[int(i * step)] for i in range(min(room, len(cold)))]
-    chosen = set(hot)
-    return [k for k in keys if k in chosen]
+from .census_keys import (DEFAULT_MAX_KEYS, DEFAULT_MAX_SECONDS, DEFAULT_STEPS,  # noqa: F401  (public names)
+                          DEFAULT_TIME_GRANULARITY, Key, batch_buckets, chunk_input_frames, default_concurrency,
+                          limit_keys, offline_keys, read_manifest, streaming_keys)
 
 
 # ---------------------------------------------------------------------------------------------------- tracing
@@ -223,19 +123,21 @@ def _decomps() -> dict:
     return select_decomp_table()
 
 
-def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dict[int, list[int]] | None = None
-                ) -> tuple[Any, Any, list[Any]]:
-    """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's pass (``bake=False``).
+def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dict[int, list[int]] | None = None,
+                *, bake: bool = False, arch: str | None = None) -> tuple[Any, Any, list[Any]]:
+    """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's rewrite.
 
     ``tensor_args``: tensors (real or meta) or (shape, dtype, device) triples. ``dynamic``: arg index -> dims
-    made symbolic (sizes 0/1 stay static). Returns (RewriteResult, shape_env, fake args).
+    made symbolic (sizes 0/1 stay static). ``bake``: resolve configs as the backend's pass does (the tuning
+    report re-deriving a cache-hit graph); the census keeps ``False``. Returns (RewriteResult, shape_env, fake
+    args).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    from ..inductor.rewrite import rewrite_graph
+    from ..families.graph import rewrite_graph
 
     shape_env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
@@ -260,7 +162,7 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=_decomps(), tracing_mode="symbolic")(*fakes)
     gm.graph.eliminate_dead_code()
-    res = rewrite_graph(gm.graph, bake=False)
+    res = rewrite_graph(gm.graph, bake=bake, arch=arch)
     return res, shape_env, fakes
 
 
@@ -278,6 +180,7 @@ class ModelTracer:
         self.names = list(self.params)
         self.traces: list[_Trace] = []
         self.skipped: dict[str, int] = {}
+        self.not_censused: dict[str, int] = {}  # family -> sites whose family gives no census point
         self._torch = torch
 
     def _fn(self, *args: Any) -> Any:
@@ -302,17 +205,15 @@ class ModelTracer:
             else:
                 fixed[slot] = int(s)
         agg: dict[tuple, int] = {}
-        from . import database
+        from ..families.graph import census_points
 
         for site in res.sites:
-            if site.family == "bmm":
-                # Not censused yet: a bmm point's measurement needs L and M apart (the DB keys rows = L * M),
-                # and an untuned bmm runs cuBLAS (bmm.py), so no point is left on a slower kernel.
-                continue
-            m = site.m if site.m is not None else site.m_expr
-            sig = database.signature(site.family, site.op, "half", site.n, site.k)
-            key = (sig, site.family, site.op, site.dtype, site.n, site.k, m)
-            agg[key] = agg.get(key, 0) + 1
+            points = census_points(site)  # the family's census recorder (families/graph.py has the contract)
+            if not points:
+                self.not_censused[site.family] = self.not_censused.get(site.family, 0) + 1
+            for p in points:
+                key = (p.signature, p.family, p.op, p.dtype, p.n, p.k, p.m)
+                agg[key] = agg.get(key, 0) + 1
         for _node, why in res.skipped:
             self.skipped[why] = self.skipped.get(why, 0) + 1
         guards = [g.expr for g in env.guards]
@@ -385,13 +286,14 @@ def run_census(tracer: ModelTracer, keys: list[Key], service_mode: str, info: di
     # The served weight working set decides whether the build measures with cold or warm weights.
     weight_bytes = sum(p.numel() * p.element_size() for p in tracer.model.parameters())
     c.info.update({"traces": len(tracer.traces), "trace_s": round(time.perf_counter() - t0, 3),
-                   "stayed_on_aten": dict(tracer.skipped), "weight_bytes": int(weight_bytes)})
+                   "stayed_on_aten": dict(tracer.skipped), "not_censused": dict(tracer.not_censused),
+                   "weight_bytes": int(weight_bytes)})
     return c
 
 
 def merge_capture(c: Census, path: str | Path) -> int:
     """Add an OASR_CAPTURE_GEMM recording's eager calls; returns the number of records merged."""
-    from ..inductor.capture import read_capture
+    from .capture_file import read_capture
     from . import database
 
     n = 0
@@ -506,9 +408,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="module:function building the model, e.g. "
                    "examples.conformer:build_model")
     p.add_argument("--model-args", nargs="*", default=[], metavar="K=V", help="builder arguments (strings)")
-    p.add_argument("--quantization", choices=["int8_w8a8"], default=None,
-                   help="quantize the full-precision model online (oasr_ops.quantize_) before tracing: the census "
-                        "then reports its scaled_mm sites (a model already quantized needs no flag)")
+    from ..families.quantization import schemes
+
+    p.add_argument("--quantization", choices=sorted(schemes()), default=None,
+                   help="quantize the full-precision model online (as oasr_ops.quantize_) before tracing: the "
+                        "census then reports its quantized sites (a model already quantized needs no flag)")
     p.add_argument("--service-mode", choices=("offline", "streaming"), required=True)
     p.add_argument("--max-batch-size", type=int, required=True)
     p.add_argument("--manifest", help="offline: JSON lines with a 'duration' (s) per utterance")
@@ -537,9 +441,9 @@ def main(args: argparse.Namespace) -> int:
     model_args = _parse_model_args(args.model_args)
     model = build_for_census(builder, model_args)
     if args.quantization:  # a full-precision model quantized online, as the deployment will run it
-        from ..quantize import quantize_
+        from ..families.quantization import quantize
 
-        model = quantize_(model, args.quantization)
+        model = quantize(model, args.quantization, who="oasr tune census --quantization")
     info = dict(getattr(mod, "census_info", {}) or {})
     for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
         if v is not None:

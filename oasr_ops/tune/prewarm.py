@@ -307,7 +307,7 @@ def publish_winners(measured: dict[tuple[str, str, int], tuple[str, float]]) -> 
 # ---------------------------------------------------------------------------------------------------- driver
 
 def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = False) -> PrewarmReport:
-    from ..tuning import UncoveredPointsError
+    from .config import UncoveredPointsError
     from ..runtime.arch import current_arch_family
 
     t0 = time.monotonic()
@@ -329,16 +329,11 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
             rep.published = publish_winners(rep.measured)
             if rep.published:
                 if inside_compile:
-                    from . import database
-                    from ..runtime import registry
+                    from ..runtime.reload import reload_tuning
 
-                    database.reload()
-                    for spec in registry.families().values():  # every family's plan cache
-                        reset = spec.handler("reset_plans")
-                        if reset is not None:
-                            reset()
+                    reload_tuning(reset_compiled=False)
                 else:
-                    from ..tuning import reload_tuning
+                    from ..runtime.reload import reload_tuning
 
                     reload_tuning()
             if len(run.attempted) < len(todo):
@@ -354,7 +349,7 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
 
 def prewarm(model: Any, example_inputs: Sequence[Any], tuning: Any = None, *, census: Any = None) -> PrewarmReport:
     """See the module docstring. `tuning` defaults to TuningConfig(mode="prewarm")."""
-    from ..tuning import TuningConfig
+    from .config import TuningConfig
 
     tuning = tuning or TuningConfig(mode="prewarm")
     pts = points_from_census(census) if census is not None else points_for_model(model, tuple(example_inputs))

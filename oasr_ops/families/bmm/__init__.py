@@ -10,6 +10,7 @@ from ...runtime import registry
 from . import candidates, prebuild
 from . import ops  # noqa: F401  (registers torch.ops.oasr.bmm)
 from .lanes import LANES
+from . import rewrite  # the graph matcher (handlers["rewrite"])
 
 FAMILY = registry.register(registry.FamilySpec(
     name="bmm",
@@ -21,5 +22,6 @@ FAMILY = registry.register(registry.FamilySpec(
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,
-              "prebuild_specs": prebuild.prebuild_specs},
+              "prebuild_specs": prebuild.prebuild_specs,
+              "rewrite": rewrite.rewrite, "census": rewrite.census_points},
 ))

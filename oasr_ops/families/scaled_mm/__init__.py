@@ -14,6 +14,7 @@ from ...runtime import production, registry
 from . import candidates, heuristic, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from .lanes import LANES
+from . import quantize, rewrite  # the int8_w8a8 model transform, the graph matcher
 
 FAMILY = registry.register(registry.FamilySpec(
     name="scaled_mm",
@@ -30,5 +31,6 @@ FAMILY = registry.register(registry.FamilySpec(
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,
-              "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from},
+              "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
+              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes},
 ))

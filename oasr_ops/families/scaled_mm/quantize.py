@@ -1,0 +1,99 @@
+"""The int8 W8A8 model transform (scheme ``int8_w8a8``): `QuantLinear`, weight quantization, the quantized
+linear both `QuantLinear` and the backend's in-graph quantization run, and the in-place module swap behind
+`oasr_ops.quantize_` (registered as this family's ``quantize_schemes`` handler).
+
+A layer qualifies when its GEMM fits the int8 kernels: K (in_features) % 16 == 0 and N (out_features) % 8 == 0;
+the others stay as they are (full precision). Weights are quantized once, symmetric per output channel
+(``scale_w[n] = amax(|W[n, :]|) / 127``, ``W_q = clamp(round(W / scale_w), -127, 127)``); activations are
+quantized per token at every call (`torch.ops.oasr.quantize_per_token`, a composite op that Inductor fuses),
+then `torch.ops.oasr.scaled_mm` runs the GEMM with config ``auto`` (the tuning DB's ``scaled_mm`` family, else
+the int8 shape heuristic).
+
+Output dtype: the layer's own dtype when it is fp16/bf16; an fp32 layer computes in fp16 (the int8 kernels
+write fp16/bf16) and casts the result back to fp32. The bias is kept in that output dtype.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+SCHEME = "int8_w8a8"
+SCHEMES = (SCHEME,)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: (w_q int8 [N, K], scale_w fp32 [N]) with w ≈ w_q * scale_w[:, None]."""
+    wf = w.detach().float()
+    scale = wf.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(wf / scale[:, None]).clamp_min(-127.0).clamp_max(127.0).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                     out_dtype: torch.dtype, config: str = "auto") -> torch.Tensor:
+    """`F.linear` of an int8 W8A8 layer: per-token activation quantization, then `oasr::scaled_mm`. Shared by
+    `QuantLinear` and the backend's `options={"quantization": ...}` rewrite, so both run the same ops."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
+    q, scale_a = torch.ops.oasr.quantize_per_token(x2)
+    y = torch.ops.oasr.scaled_mm(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
+    y = y.reshape(*lead, weight_q.shape[0])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def qualifies(linear: nn.Linear) -> bool:
+    return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
+
+
+class QuantLinear(nn.Module):
+    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, config: str = "auto") -> None:
+        super().__init__()
+        if out_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
+        self.out_features, self.in_features = weight_q.shape
+        self.out_dtype = out_dtype
+        self.config = config
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("scale_w", scale_w)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
+        wq, sw = quantize_weight(linear.weight)
+        dt = linear.weight.dtype
+        out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.float16
+        return cls(wq, sw, linear.bias, out_dtype, config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}")
+
+
+def quantize_module(model: nn.Module, config: str = "auto",
+                    filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """Replace every qualifying `nn.Linear` of `model` (the model itself included) by a `QuantLinear`, in place;
+    `filter_fn(linear, fqn)` narrows the set. Returns `model` (a bare `nn.Linear` is returned converted)."""
+
+    def wanted(linear: nn.Module, fqn: str) -> bool:
+        return isinstance(linear, nn.Linear) and qualifies(linear) and (filter_fn is None or filter_fn(linear, fqn))
+
+    if isinstance(model, nn.Linear):
+        return QuantLinear.from_linear(model, config) if wanted(model, "") else model
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
+                setattr(parent, name, QuantLinear.from_linear(child, config))
+    return model
+
+
+def schemes() -> dict[str, Callable[..., nn.Module]]:
+    """The `quantize_schemes` handler: scheme name -> ``fn(model, config, filter_fn) -> model``."""
+    return {SCHEME: quantize_module}
