@@ -3,7 +3,9 @@
 A `Config` names *how* a GEMM is tiled and scheduled; it says nothing about dtypes or the epilogue, which
 are properties of the op call. Ids round-trip: ``parse(cfg.id) == cfg``.
 
-Id grammar (``_kN`` split-K and ``_aN`` alignment suffixes are omitted at their defaults, 1 and 8):
+Id grammar (``_kN`` split-K and ``_aN`` alignment suffixes are omitted at their defaults, 1 and 8). Every config
+has exactly one id: `parse` accepts only the canonical spelling (``parse(x).id == x``), so no default suffix spelt
+out (``_k1``, ``_a8``), no ``_k0`` / ``_a0`` / ``_s0``, no leading zeros, no whitespace or trailing newline:
 
 * CUTLASS 2.x multistage (mma.sync): ``b{M}x{N}x{K}_w{M}x{N}x{K}_s{stages}[_k{split}][_a{align}]``
   e.g. ``b128x128x64_w64x64x64_s3`` — threadblock tile, warp tile, pipeline stages.
@@ -46,9 +48,10 @@ EPILOGUE_FOR_KERNEL = {
     "depthwise": "direct",
 }
 
-_ID_2X = re.compile(r"^b(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_k(\d+))?(?:_a(\d+))?$")
-_ID_3X = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pp|sk)(?:_s(\d+))?(?:_a(\d+))?$")
-_ID_DW = re.compile(r"^dw([1-9]\d*)x([1-9]\d*)_v([1-9]\d*)_n([1-9]\d*)$")
+# ASCII digits only (``\d`` would take any Unicode digit); matched with fullmatch (``$`` allows a final newline).
+_ID_2X = re.compile(r"b([0-9]+)x([0-9]+)x([0-9]+)_w([0-9]+)x([0-9]+)x([0-9]+)_s([0-9]+)(?:_k([0-9]+))?(?:_a([0-9]+))?")
+_ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?")
+_ID_DW = re.compile(r"dw([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _MAX_ID_LEN = 64
 # Depthwise-conv config bounds: what the template's thread mapping supports (outputs per thread R =
 # T * C / threads, 1..32, and a whole number of them per frame column).
@@ -193,8 +196,8 @@ def _validate(c: Config) -> None:
     if not (1 <= c.split_k <= 64):
         raise ConfigError(f"split_k {c.split_k} out of range")
     if c.generation == "2x":
-        if c.warp is None or len(c.warp) != 3:
-            raise ConfigError("a 2.x config needs a warp tile")
+        if c.warp is None or len(c.warp) != 3 or not all(isinstance(x, int) and x > 0 for x in c.warp):
+            raise ConfigError(f"a 2.x config needs a positive warp tile, got {c.warp}")  # (a 0 divided below)
         if any(t % w for t, w in zip(c.tile, c.warp)) or c.warp[2] != c.tile[2]:
             raise ConfigError(f"warp tile {c.warp} does not divide threadblock tile {c.tile} (warp K == tile K)")
         nwarps = (c.tile[0] // c.warp[0]) * (c.tile[1] // c.warp[1])
@@ -220,26 +223,31 @@ def _validate(c: Config) -> None:
 
 
 def parse(config_id: str) -> Config:
-    """Parse a concrete config id. Raises `ConfigError` for sentinels, junk, or ids outside the space's grammar."""
+    """Parse a concrete config id. Raises `ConfigError` for sentinels, junk, ids outside the space's grammar, and
+    ids that are not the canonical spelling of their config (the error names the canonical id)."""
     if not isinstance(config_id, str) or len(config_id) > _MAX_ID_LEN:
         raise ConfigError(f"not a config id: {str(config_id)[:_MAX_ID_LEN]!r}")
     if config_id in SENTINELS or config_id == AUTO:
         raise ConfigError(f"{config_id!r} is a sentinel, not a concrete config id")
-    m = _ID_2X.match(config_id)
+    m = _ID_2X.fullmatch(config_id)
     if m:
         g = [int(x) if x else None for x in m.groups()]
-        return Config(tile=(g[0], g[1], g[2]), warp=(g[3], g[4], g[5]), stages=g[6],
-                      kernel_schedule="multistage", split_k=g[7] or 1, alignment=g[8] or 8)
-    m = _ID_DW.match(config_id)
-    if m:
+        c = Config(tile=(g[0], g[1], g[2]), warp=(g[3], g[4], g[5]), stages=g[6],
+                   kernel_schedule="multistage", split_k=1 if g[7] is None else g[7],
+                   alignment=8 if g[8] is None else g[8])
+    elif (m := _ID_DW.fullmatch(config_id)):
         tt, tc, vec, threads = (int(x) for x in m.groups())
-        return Config(tile=(tt, tc, 1), kernel_schedule="depthwise", alignment=vec, threads=threads)
-    m = _ID_3X.match(config_id)
-    if m:
+        c = Config(tile=(tt, tc, 1), kernel_schedule="depthwise", alignment=vec, threads=threads)
+    else:
+        m = _ID_3X.fullmatch(config_id)
+        if not m:
+            raise ConfigError(f"unknown config id {config_id!r}")
         tm, tn, tk, cm, cn, sched, st, al = m.groups()
-        return Config(tile=(int(tm), int(tn), int(tk)), cluster=(int(cm), int(cn), 1),
-                      kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8))
-    raise ConfigError(f"unknown config id {config_id!r}")
+        c = Config(tile=(int(tm), int(tn), int(tk)), cluster=(int(cm), int(cn), 1),
+                   kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8))
+    if c.id != config_id:
+        raise ConfigError(f"config id {config_id!r} is not canonical: its config is spelt {c.id!r}")
+    return c
 
 
 def is_sentinel(name: str) -> bool:

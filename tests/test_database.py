@@ -324,15 +324,6 @@ def test_publish_does_not_change_this_epoch(env):
     assert look(1) == (C, "user")
 
 
-def test_publish_replaces_corrupt_file(env):
-    p = env.user / "sm90" / "gemm.json"
-    p.parent.mkdir(parents=True)
-    p.write_text('{"schema": 2, "entr')
-    with pytest.warns(db.TuningDBWarning, match="unusable"):
-        db.publish("gemm", {SIG: {"regions": [[None, A]]}})
-    assert list(json.loads(p.read_text())["entries"]) == [SIG]
-
-
 # ------------------------------------------------------------------------------------- narrow skipping
 
 
@@ -355,7 +346,7 @@ def test_bad_regions_are_holes_falling_through(env):
     finally:
         ctx.__exit__(None, None, None)
     msgs = [str(x.message) for x in w]
-    assert len(msgs) == len(set(msgs)) == 7, msgs
+    assert len(msgs) == 1 and "7 problem(s)" in msgs[0] and "(+4 more)" in msgs[0], msgs  # one per file
     problems = db.report()["files"][0]["problems"]
     assert len(problems) == 7
 

@@ -13,6 +13,7 @@ selection call, the launcher and the torch path.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -155,26 +156,56 @@ def make_plan(family: str, config: str, m: int, n: int, k: int, arch: str, sig: 
 
 # ---------------------------------------------------------------------------------- region tables baked into graphs
 
+_BOUND_RE = re.compile(r"[1-9][0-9]{0,18}")  # a positive M bound, one spelling (no sign, zeros, spaces, `_`)
+
+
 def format_table(regions: list[tuple[int | None, str]]) -> str:
+    """The ``regions:`` string of a round-up table: ``regions:512=<cfg>;2048=<cfg>;*=torch``. ValueError on what
+    `parse_table` would reject (so every table written can be read back: ``format_table(parse_table(t)) == t``)."""
     parts = [f"{'*' if hi is None else int(hi)}={cfg}" for hi, cfg in regions]
-    return _TABLE_PREFIX + ";".join(parts)
+    table = _TABLE_PREFIX + ";".join(parts)
+    parse_table(table)
+    return table
+
+
+def _table_error(table: str, why: str) -> ValueError:
+    shown = table if len(table) <= 200 else table[:197] + "..."
+    return ValueError(f"region table {shown!r}: {why}")
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_table(table: str) -> tuple[tuple[int | None, str], ...]:
-    if not table.startswith(_TABLE_PREFIX):
-        raise ValueError(f"not a region table: {table!r}")
+    """``regions:<m_hi>=<cfg>;...;*=<cfg>`` -> ((m_hi, cfg), ...). Bounds are positive, strictly increasing integers;
+    ``*`` (the catch-all) is optional and, when present, last; every config is a sentinel or a canonical id.
+    Without a catch-all, an M above the last bound resolves to ``auto``. ValueError naming the table otherwise."""
+    if not isinstance(table, str) or not table.startswith(_TABLE_PREFIX):
+        raise ValueError(f"not a region table: {table!r:.200}")
+    body = table[len(_TABLE_PREFIX):]
+    if not body:
+        raise _table_error(table, "no regions")
     out: list[tuple[int | None, str]] = []
-    for part in table[len(_TABLE_PREFIX):].split(";"):
+    last = 0
+    for i, part in enumerate(body.split(";")):
         hi, sep, cfg = part.partition("=")
-        if not sep:
-            raise ValueError(f"malformed region {part!r} in {table!r}")
+        if not sep or not cfg:
+            raise _table_error(table, f"region {i} {part!r:.80} is not <m_hi>=<config>")
+        if out and out[-1][0] is None:
+            raise _table_error(table, f"region {i} follows the catch-all '*' (it must be last)")
+        if hi == "*":
+            bound = None
+        elif _BOUND_RE.fullmatch(hi):
+            bound = int(hi)
+            if bound <= last:
+                raise _table_error(table, f"bound {bound} does not increase (after {last})")
+            last = bound
+        else:
+            raise _table_error(table, f"bound {hi!r:.40} is not a positive integer or '*'")
         if cfg not in SENTINELS:
             try:
                 parse(cfg)
             except ConfigError as e:
-                raise ValueError(f"region table names unknown config {cfg!r}: {e}") from None
-        out.append((None if hi == "*" else int(hi), cfg))
+                raise _table_error(table, f"unknown config {cfg!r:.80}: {e}") from None
+        out.append((bound, cfg))
     return tuple(out)
 
 

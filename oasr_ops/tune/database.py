@@ -3,25 +3,40 @@
 This module is the offline side of the database (build, prewarm, autotune and re-stamping write through it). It
 re-exports the reader's public names (`reload`, `epoch`, `signature`, ...) so ``oasr_ops.tune.database`` keeps
 working as one import for tools. File format, locking and crash rules: see the reader's module docstring.
+
+Never destroying data (decision). An existing file `publish` cannot use (unreadable, not a regular file, over the
+size cap, not UTF-8 or JSON: truncated, trailing garbage; nested too deeply, wrong hard validators: another lane,
+a newer schema) is renamed to ``<file>.corrupt-<UTC timestamp>`` under the lock (one atomic rename) and a
+`TuningDBWarning` names both paths; when it cannot be moved, `publish` raises and writes nothing. Entries of a
+usable file that no reader can serve (a malformed signature, not an object) are dropped from the new file, but
+the old file is first kept, hard-linked (or copied), at such a ``.corrupt-`` path, and the warning says so.
+
+Permissions. The new file takes the permission bits of the file it replaces; a new file (or one replacing a file
+moved aside) gets 0644 minus the process umask (the temp file is created with mode 0644, so the kernel applies
+the umask). Files are never written over `MAX_FILE_BYTES` or `MAX_ENTRIES`: `publish` raises ValueError instead.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .. import paths
-from ..configs import SENTINELS, Config, parse
+from ..configs import SENTINELS, Config, ConfigError, parse
 from ..runtime import registry as _registry
 from ..runtime import validators as _val
 from ..runtime.arch import normalize_arch, require_arch
 from ..runtime.database import *  # noqa: F401,F403  (the reader's public names, for tools and old imports)
-from ..runtime.database import (LOCK_TIMEOUT_S, SCHEMA_VERSION, TuningDBWarning, _canonical_digest,
-                                _hard_mismatch, _LANE_RE, _lane_obj, _parse_entry, _Problems, _read_json,
-                                expected_lane)
+from ..runtime.database import LOCK_TIMEOUT_S, SCHEMA_VERSION, TuningDBWarning, expected_lane
+from ..runtime.db_files import (_LANE_RE, MAX_ENTRIES, MAX_FILE_BYTES, header_problem, in_fresh_thread, lane_obj,
+                                read_document)
+from ..runtime.db_entries import Problems, parse_entry
+from ..runtime.database import _read_json  # noqa: F401  (old private name; `oasr tune diff` reads through it)
 from ..runtime.database import epoch, on_reload, reload  # noqa: F401  (public: oasr_ops.tune.database.reload)
 
 
@@ -49,9 +64,9 @@ def db_path(family: str, arch: str, tier: str | os.PathLike = "user") -> Path:
 
 def _validate_new_entries(family: str, entries: Mapping[str, Any], lane: Any,
                           configs: Mapping[str, Any]) -> None:
-    pr = _Problems("publish", None)
+    pr = Problems("publish", None)
     for sig, raw in entries.items():
-        _parse_entry(sig, raw, family, lane, configs, pr, {})
+        parse_entry(sig, raw, family, lane, configs, pr, {})  # also refuses non-canonical ids, over-deep entries
     if pr.items:
         raise ValueError("invalid entries: " + "; ".join(pr.items[:5]))
 
@@ -107,6 +122,11 @@ def _configs_table(ids: Iterable[str], given: Mapping[str, Any], old: Mapping[st
     return out
 
 
+def _unservable(sig: Any, e: Any) -> bool:
+    """An existing entry no reader can serve: dropped (after the old file is kept aside)."""
+    return parse_signature(sig) is None
+
+
 def _merge(existing: dict[str, Any] | None, new_entries: Mapping[str, Any], *, family: str, arch: str,
            lane: str | None, stamp: dict[str, Any], configs: Mapping[str, Any], merge_regions: bool,
            model: dict[str, Any] | None) -> dict[str, Any]:
@@ -121,7 +141,7 @@ def _merge(existing: dict[str, Any] | None, new_entries: Mapping[str, Any], *, f
 
     entries: dict[str, Any] = {}
     for sig, e in old_entries.items():
-        if sig in new_entries or not isinstance(e, dict) or parse_signature(sig) is None:
+        if sig in new_entries or not isinstance(e, dict) or _unservable(sig, e):
             continue
         e = dict(e)
         # Re-stamping: an entry we did not write keeps the validators it was measured under.
@@ -188,10 +208,19 @@ def _remove_orphans(path: Path) -> None:
             pass
 
 
-def _atomic_write(path: Path, doc: dict[str, Any]) -> None:
-    text = _format_doc(doc)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _atomic_write(path: Path, text: str, mode: int | None) -> None:
+    """Temp file in the same directory, fsync, rename over `path`, fsync the directory. `mode`: the permission
+    bits to give the file (the replaced file's); None: 0644 minus the umask."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:  # mode 0o644 here: the kernel applies the umask, with no process-wide umask juggling
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            continue
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.write("\n")
@@ -214,6 +243,44 @@ def _atomic_write(path: Path, doc: dict[str, Any]) -> None:
         pass
 
 
+def _aside_path(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while os.path.lexists(dest):  # two moves within a second: never clobber an earlier one
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    return dest
+
+
+def _move_aside(path: Path, why: str) -> Path:
+    """Rename an unusable file out of the way (under the lock). Raises RuntimeError when it cannot be moved."""
+    dest = _aside_path(path)
+    try:
+        os.rename(path, dest)
+    except OSError as e:
+        raise RuntimeError(f"tuning DB {path} is unusable ({why}) and could not be moved aside to {dest} "
+                           f"({e.strerror or e}); refusing to replace it: move or repair it by hand") from None
+    warnings.warn(f"tuning DB {path}: existing file unusable ({why}); moved aside to {dest}; writing a new file",
+                  TuningDBWarning, stacklevel=3)
+    return dest
+
+
+def _keep_copy(path: Path, dropped: list[str]) -> None:
+    """Keep the old file (hard link, else a copy) before entries no reader can serve are dropped from it."""
+    dest = _aside_path(path)
+    try:
+        try:
+            os.link(path, dest)
+        except OSError:
+            shutil.copy2(path, dest)
+    except OSError as e:
+        raise RuntimeError(f"tuning DB {path}: {len(dropped)} unusable entries would be dropped, but the file could "
+                           f"not be kept at {dest} ({e.strerror or e}); refusing to write") from None
+    warnings.warn(f"tuning DB {path}: {len(dropped)} entries no reader can serve (malformed signature or not an object, e.g. "
+                  f"{dropped[0][:80]!r}) are dropped; the old file is kept at {dest}",
+                  TuningDBWarning, stacklevel=3)
+
+
 def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str | os.PathLike = "user",
             arch: str | None = None, fresh: bool = False, lane: str | None = None,
             configs: Mapping[str, Any] | None = None, merge_regions: bool = False,
@@ -223,7 +290,8 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
 
     Under the file's lock: re-read, keep every entry this writer does not write, replace (or, with
     `merge_regions`, merge point-wise into) the ones it does, re-stamp, write atomically. `fresh` replaces the
-    whole file. Does not reload: call `reload()` to serve the new content in this process.
+    whole file. An existing file that cannot be used is moved aside first (module docstring), never overwritten.
+    Does not reload: call `reload()` to serve the new content in this process.
     `stamp`: the soft validators the entries were measured under, when that was not this process (an offline
     re-partition of a GPU build's log); default: this process's.
     """
@@ -235,7 +303,7 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
     lane_name = lane if lane is not None else expected_lane(a, family)
     if lane_name is not None and not _LANE_RE.match(lane_name):
         raise ValueError(f"bad lane name {lane_name!r}")
-    lobj = _lane_obj(lane_name)
+    lobj = lane_obj(lane_name)
     if lobj is not None and lobj.family != family:
         raise ValueError(f"lane {lane_name} serves {lobj.family}, not {family}")
     configs = dict(configs or {})
@@ -257,18 +325,30 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
         raise TimeoutError(f"could not lock {path} within {lock_timeout}s") from None
     try:
         existing: dict[str, Any] | None = None
-        if not fresh:
-            doc, why = _read_json(path)
-            if why is None and isinstance(doc, dict) and _hard_mismatch(doc, family, a, lane_name) is None \
-                    and isinstance(doc.get("entries", {}), dict):
-                existing = doc
-            elif why != "absent":
-                warnings.warn(f"tuning DB {path}: existing file unusable ({why or 'wrong shape or validators'});"
-                              " replacing it", TuningDBWarning, stacklevel=2)
+        mode: int | None = None
+        d = read_document(path)
+        if d.why != "absent":
+            why = d.why or header_problem(d.doc, family, a, lane_name)
+            if why is not None:
+                _move_aside(path, why)  # never overwrite what we could not read
+            else:
+                mode = d.mode
+                if not fresh:
+                    existing = d.doc
+                    dropped = [str(k) for k, e in existing.get("entries", {}).items()
+                               if not isinstance(e, dict) or _unservable(k, e)]
+                    if dropped:
+                        _keep_copy(path, dropped)
         doc = _merge(existing, entries, family=family, arch=a, lane=lane_name, stamp=stamp, configs=configs,
                      merge_regions=merge_regions, model=model)
+        if len(doc["entries"]) > MAX_ENTRIES:
+            raise ValueError(f"{path} would hold {len(doc['entries'])} entries, over the {MAX_ENTRIES}-entry cap "
+                             "readers serve; nothing written")
+        text = in_fresh_thread(lambda: _format_doc(doc))  # the file's deep entries dump at any stack depth
+        if len(text.encode("utf-8")) + 1 > MAX_FILE_BYTES:
+            raise ValueError(f"{path} would be over the {MAX_FILE_BYTES}-byte cap readers accept; nothing written")
         _remove_orphans(path)
-        _atomic_write(path, doc)
+        _atomic_write(path, text, mode)
     finally:
         lock.release()
     return path
