@@ -10,7 +10,7 @@ from .configs import SENTINELS, Config, parse  # noqa: F401,E402
 from .families.bmm.ops import bmm  # noqa: F401,E402
 from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,E402
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
-from .quantize import QuantLinear, quantization_report, quantize_  # noqa: F401,E402
+from .quantize import Int8W8A8Config, QuantLinear, quantization_report, quantize_  # noqa: F401,E402
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 
 

@@ -1,32 +1,62 @@
-"""`quantize_(model, "int8_w8a8")`: swap `nn.Linear` layers for quantized layers, in place (public wrappers).
+"""`quantize_(model, Int8W8A8Config())` (or the string ``"int8_w8a8"``): swap `nn.Linear` layers for quantized
+layers, in place — the public wrappers.
 
-The transform itself belongs to the family that runs it (``int8_w8a8``: `oasr_ops.families.scaled_mm.quantize`,
-where the qualifying rule, the weight quantization and `QuantLinear` are documented); `quantize_` looks the
-scheme up among the families' ``quantize_schemes`` handlers (`oasr_ops.families.quantization`).
+torchao's convention: ``quantize_(model, config, filter_fn)``; the config is a frozen dataclass
+(`oasr_ops.families.scaled_mm.qconfig`) and a handler registered for its type (`register_quantize_handler`)
+transforms the model. A string names a config with its defaults. The transform itself belongs to the family that
+runs it (``int8_w8a8``: `oasr_ops.families.scaled_mm.quantize`, where the qualifying rule, the weight quantization
+and `QuantLinear` are documented).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
-from .families import quantization as _quantization
-from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_weight,  # noqa: F401  (public names)
-                                          quantized_linear)
+from .families.scaled_mm.qconfig import SCHEMES as _SCHEME_TYPES
+from .families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
+from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_module,  # noqa: F401  (public names)
+                                          quantize_weight, quantized_linear)
+
+SCHEMES = tuple(_SCHEME_TYPES)  # the string names quantize_ accepts ("int8_w8a8")
+
+FilterFn = Callable[[nn.Module, str], bool]
+# config type -> fn(model, config, filter_fn) -> model (torchao's config -> handler table)
+_HANDLERS: dict[type, Callable[[nn.Module, Any, "FilterFn | None"], nn.Module]] = {}
 
 
-def quantize_(model: nn.Module, scheme: str = "int8_w8a8", *, config: str = "auto",
-              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
-    """Replace every qualifying `nn.Linear` of `model` (the model itself included) by a quantized layer.
+def register_quantize_handler(config_type: type) -> Callable:
+    """Decorator: ``@register_quantize_handler(MyConfig)`` on ``fn(model, config, filter_fn) -> model`` makes
+    `quantize_` accept ``MyConfig`` objects."""
+    def deco(fn: Callable[[nn.Module, Any, FilterFn | None], nn.Module]) -> Callable:
+        _HANDLERS[config_type] = fn
+        return fn
+    return deco
 
-    `filter_fn(linear, fqn)` (torchao's convention: the module and its fully qualified name) narrows the set:
-    a layer is quantized only where it returns True. Per-token quantization of a layer's input is extra work that
-    Inductor fuses into a LayerNorm producer almost for free but not into every producer (docs/perf/e2e.md), so a
-    deployment may quantize only the layers that follow a norm.
-    Mutates `model` in place and returns it (a bare `nn.Linear` passed as `model` is returned converted).
-    ValueError for an unknown scheme.
+
+def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn | None = None) -> nn.Module:
+    """Quantize `model` in place with `config` and return it (a bare `nn.Linear` passed as `model` is returned
+    converted).
+
+    `config`: a config object (`Int8W8A8Config()`, or any type with a `register_quantize_handler`) or a scheme
+    string (``"int8_w8a8"`` = ``Int8W8A8Config()``). `filter_fn(module, fqn)` (torchao's convention: the module and
+    its fully qualified name) narrows the set: a layer is quantized only where it returns True. Per-token
+    quantization of a layer's input is extra work that Inductor fuses into a LayerNorm producer almost for free
+    but not into every producer (docs/perf/e2e.md), so a deployment may quantize only the layers after a norm.
+    ValueError for an unknown scheme string; TypeError for a config type without a handler.
     """
-    return _quantization.quantize(model, scheme, config, filter_fn)
+    cfg = as_quant_config(config)
+    handler = next((_HANDLERS[t] for t in type(cfg).__mro__ if t in _HANDLERS), None)
+    if handler is None:
+        raise TypeError(f"quantize_: no handler for config type {type(cfg).__name__}; known: "
+                        f"{', '.join(t.__name__ for t in _HANDLERS)} (register_quantize_handler adds one)")
+    return handler(model, cfg, filter_fn)
+
+
+@register_quantize_handler(Int8W8A8Config)
+def _int8_w8a8(model: nn.Module, cfg: Int8W8A8Config, filter_fn: FilterFn | None) -> nn.Module:
+    """Every qualifying `nn.Linear` of `model` (the model itself included) becomes a `QuantLinear`."""
+    return quantize_module(model, cfg.kernel, filter_fn)
 
 
 def quantization_report(model: nn.Module, arch: str | None = None) -> str:

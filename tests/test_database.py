@@ -5,7 +5,6 @@ thing patched), the user tier through OASR_TUNE_USER_DB as a user would.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import warnings
@@ -397,10 +396,9 @@ def test_unreadable_file(env):
 
 
 def _cli(argv):
-    parser = argparse.ArgumentParser(prog="oasr tune")
-    status_mod.register(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    from oasr_ops import cli
+
+    return cli.main(["tune", *argv])  # the CLI's one error path: UsageError -> one line, exit 2
 
 
 def test_status_cli(env, capsys):

@@ -52,6 +52,7 @@ from importlib import metadata
 from pathlib import Path
 
 from filelock import FileLock
+from tqdm import tqdm
 
 from ..configs import Config, Lane
 from ..paths import cutlass_include_dirs, jit_dir, nvcc_path, nvcc_version  # noqa: F401  (re-exported)
@@ -303,35 +304,25 @@ def build_many(specs: list[JitSpec], jobs: int | None = None, progress: bool = T
     for s in specs:
         (report.reused.append(s.name) if s.is_built() else todo.append(s))
     n_jobs = job_budget(todo, jobs)
-    done = 0
     lock = threading.Lock()
+    # progress: a tqdm bar on stderr, only when it is a terminal (disable=None), so a log gets no carriage returns
+    bar = tqdm(total=len(todo), desc=f"nvcc x{n_jobs}", unit="kernel", file=sys.stderr,
+               disable=None if (progress and todo) else True)
 
     def one(s: JitSpec) -> None:
-        nonlocal done
         try:
             s.build()
             ok, err = True, ""
         except BuildError as e:
             ok, err = False, str(e)
         with lock:
-            done += 1
             (report.built.append(s.name) if ok else report.failed.__setitem__(s.name, err))
-            if progress:
-                _progress(done, len(todo), time.monotonic() - t0, s.name)
+            bar.set_postfix_str(s.name[-40:], refresh=False)
+            bar.update(1)
 
     if todo:
-        if progress:
-            _progress(0, len(todo), 0.0, f"{n_jobs} parallel jobs")
         with ThreadPoolExecutor(max_workers=n_jobs) as pool:
             list(pool.map(one, todo))
-        if progress:
-            sys.stderr.write("\n")
+    bar.close()
     report.wall_s = time.monotonic() - t0
     return report
-
-
-def _progress(done: int, total: int, elapsed: float, what: str) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:6.0f}s  {what[:60]:<60}")
-    sys.stderr.flush()

@@ -17,21 +17,29 @@ from typing import Any
 
 import torch
 
-from ..families.scaled_mm.quantize import SCHEMES, quantize_weight, quantized_linear
+from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
+from ..families.scaled_mm.quantize import quantize_weight, quantized_linear
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 
 
-def quantizing_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def quantizing_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                      kernel: str = "auto") -> torch.Tensor:
     """`F.linear(x, w, b)` as an int8 W8A8 layer whose weight is quantized in the graph."""
     wq, sw = quantize_weight(w)
-    return quantized_linear(x, wq, sw, b, w.dtype, "auto")
+    return quantized_linear(x, wq, sw, b, w.dtype, kernel)
 
 
-def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: str) -> int:
-    """Rewrite `gm` in place; returns how many linears were quantized. ValueError for an unknown scheme."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"options['quantization'] must be one of {SCHEMES}, got {scheme!r}")
+def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any) -> int:
+    """Rewrite `gm` in place; returns how many linears were quantized. `scheme`: ``"int8_w8a8"`` or an
+    `Int8W8A8Config` (what `quantize_` accepts). ValueError for anything else."""
+    try:
+        cfg = as_quant_config(scheme)
+    except ValueError as e:
+        raise ValueError(f"options['quantization']: {e}") from None
+    if not isinstance(cfg, Int8W8A8Config):
+        raise ValueError(f"options['quantization']: no in-graph rewrite for {type(cfg).__name__}; quantize the "
+                         "model with quantize_() before compiling instead")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     done = 0
@@ -48,7 +56,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         if k % 16 or n % 8:
             continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(quantizing_linear, (x, w, b))
+            new = gm.graph.call_function(quantizing_linear, (x, w, b, cfg.kernel))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

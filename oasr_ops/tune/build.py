@@ -26,15 +26,17 @@ measurement, and logs written before these fields load unchanged.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from .. import families as _families  # noqa: F401  (fills the registry)
 from ..runtime import registry
@@ -47,6 +49,8 @@ from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
 from .shapes import fill_points
 from .from_log import entries_from_log, model_from_log  # noqa: F401  (entries_from_log: re-exported)
 from .validation import geometric_midpoints, partition_validated
+
+log = logging.getLogger(__name__)
 
 FILL_WEIGHT = 0.01  # relative to the mean census weight: fill points inform region edges, traffic decides
 
@@ -272,6 +276,10 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
             result.arms_pruned += len(pruned_at[p.m])
         return keep
 
+    # progress: a tqdm bar on a terminal only (no carriage returns in a log file)
+    bar = tqdm(total=len(points), desc=work.signature, unit="point", file=sys.stderr, leave=False,
+               disable=None if opts.progress else True)
+
     def measure_at(p: Point, ids: list[str]) -> dict[str, Any]:
         ops = operands_for(p, opts.device, seed=seeds[p.m], like=shared)
         here = [by_id[c] for c in ids if c in by_id]
@@ -317,9 +325,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
         if p.m not in seen:
             seen.add(p.m)
             result.points_measured += 1
-            if opts.progress:
-                sys.stderr.write(f"\r  {work.signature}: {len(seen)}/{len(points)} points")
-                sys.stderr.flush()
+            bar.update(1)
         return row
 
     times = collect_table(pts, arms_at, measure_at, fallback=fallback_id(cands),
@@ -327,8 +333,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     if log_fh is not None:
         log_fh.flush()
     result.measure_s += time.monotonic() - t0
-    if opts.progress:
-        sys.stderr.write("\n")
+    bar.close()
     l2 = "cold" if cold else "warm"
     v = partition_validated(times, {p.m: p.weight for p in pts}, [p.m for p in pts if p.validation],
                             fallback=fallback_id(cands), min_speedup=opts.min_speedup, max_loss=opts.max_loss,
@@ -366,7 +371,7 @@ def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, la
                 pass  # a damaged checkpoint is measured again
         points = plan_signature(work, opts)
         if opts.progress:
-            sys.stderr.write(f"[{i + 1}/{len(works)}] {sig}: {len(points)} points\n")
+            log.info("[%d/%d] %s: %d points", i + 1, len(works), sig, len(points))
         entry = measure_one(work, points, opts, result)
         result.entries[sig] = entry
         if opts.checkpoint_dir is not None:
@@ -416,82 +421,3 @@ def build(census_paths: list[str], opts: BuildOptions) -> BuildResult:
             log_fh.close()
 
 
-# ------------------------------------------------------------------------------------------------ CLI
-
-def _run(args: argparse.Namespace) -> int:
-    from ..paths import cache_root
-    from ..runtime.arch import current_arch_family
-
-    arch = args.arch or current_arch_family() or "unknown"
-    run_dir = cache_root() / "tune" / "v2" / "measurements"
-    opts = BuildOptions(
-        out=args.out, family=args.family, fresh=args.fresh, thin=args.thin, max_points=args.max_points,
-        max_fill=args.max_fill, min_speedup=args.min_speedup, max_loss=args.max_loss, rounds=args.rounds,
-        arch=args.arch, prune=not args.no_prune, top_k=args.top_k, validate=not args.no_validate,
-        log=Path(args.log) if args.log else run_dir / f"{arch}.jsonl",
-        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else run_dir / f"{arch}-checkpoints",
-    )
-    opts.log.parent.mkdir(parents=True, exist_ok=True)
-    if args.from_log:
-        from . import database
-        from ..runtime.arch import require_arch
-        from ..runtime.registry import native_lane
-
-        a = require_arch(args.arch)
-        lane = native_lane(a, args.family)
-        entries, stamp = entries_from_log(args.from_log, opts)
-        if args.stamp_from:  # a log written before logs carried validators: take the GPU-written file's stamp
-            stamp = json.loads(Path(args.stamp_from).read_text())["validators"]
-        if stamp is None:
-            print("oasr tune build: the log records no validators; stamping with this machine's (pass "
-                  "--stamp-from a DB file written by the measuring run)", file=sys.stderr)
-        model = model_from_log(args.from_log, args.family, a)
-        database.publish(args.family, entries, tier=args.out, arch=a, lane=lane.name if lane else None,
-                         fresh=args.fresh, stamp=stamp, model=model)
-        print(json.dumps({"signatures": len(entries), "from_log": args.from_log, "stamp": stamp,
-                          "model": model is not None}))
-        return 0
-    if not args.census:
-        print("oasr tune build: --census is required (or --from-log)", file=sys.stderr)
-        return 2
-    if args.family != default_family():
-        # every other family keeps its own default log and checkpoints beside the default family's
-        if not args.log:
-            opts.log = opts.log.with_name(opts.log.stem + f"-{args.family}.jsonl")
-        if not args.checkpoint_dir:
-            opts.checkpoint_dir = opts.checkpoint_dir.with_name(opts.checkpoint_dir.name + f"-{args.family}")
-    res = build(args.census, opts)
-    print(json.dumps({"signatures": len(res.entries), "resumed": len(res.resumed),
-                      "points_measured": res.points_measured, "arms_measured": res.arms_measured,
-                      "measure_s": round(res.measure_s, 1), "wall_s": round(res.wall_s, 1),
-                      "rejected_by_numeric_gate": res.rejected, "log": str(opts.log),
-                      "arms_pruned": res.arms_pruned, "validation_points": res.validation_points,
-                      "validation_splits": res.validation_splits, "model": res.model}, indent=1))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("build", help="measure census points on this GPU and write tuning entries")
-    p.add_argument("--census", action="append", default=[], help="census JSON (repeatable)")
-    p.add_argument("--from-log", help="partition a finished build's measurement log again (no GPU) and write it")
-    p.add_argument("--stamp-from", help="with --from-log: stamp the file with this DB file's validators (the "
-                                        "measuring run's), for logs that do not record them")
-    p.add_argument("--out", default="user", help="user | system | a directory")
-    p.add_argument("--family", default=default_family(), choices=tunable_families())
-    p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
-    p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
-    p.add_argument("--max-points", type=int, default=16)
-    p.add_argument("--max-fill", type=int, default=8, help="ladder fill points per signature")
-    p.add_argument("--min-speedup", type=float, default=1.05)
-    p.add_argument("--max-loss", type=float, default=0.02,
-                   help="a region config may lose to the fallback by at most this fraction at any point")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--no-prune", action="store_true",
-                   help="measure every arm at every point (default: the cost model's --top-k + the forced set)")
-    p.add_argument("--top-k", type=int, default=TOP_K, help="configs the cost model keeps per point")
-    p.add_argument("--no-validate", action="store_true",
-                   help="do not measure the geometric midpoints between measured Ms to check the regions there")
-    p.add_argument("--arch", help="arch family (default: this GPU)")
-    p.add_argument("--log", help="measurement log JSONL (default ~/.cache/oasr/tune/v2/measurements/<arch>.jsonl)")
-    p.add_argument("--checkpoint-dir", help="per-signature checkpoints (resume)")
-    p.set_defaults(func=_run)

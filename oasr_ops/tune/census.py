@@ -47,7 +47,6 @@ eager, its points are not must-tune unless a key reaches them too.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import os
@@ -276,13 +275,27 @@ class Census:
         p["must"] = p["must"] or must
 
 
-def run_census(tracer: ModelTracer, keys: list[Key], service_mode: str, info: dict[str, Any] | None = None
-               ) -> Census:
+def run_census(tracer: ModelTracer, keys: list[Key], service_mode: str, info: dict[str, Any] | None = None,
+               progress: bool = False) -> Census:
+    """`progress`: a tqdm bar over the keys on stderr (only when stderr is a terminal) and one log line per new
+    trace (the slow part: a key that fits an earlier trace is a substitution)."""
+    import logging
+
+    from tqdm import tqdm
+
+    log = logging.getLogger(__name__)
     c = Census(service_mode, keys, {}, {}, dict(info or {}))
     t0 = time.perf_counter()
-    for key in keys:
+    if progress:
+        log.info("tracing %d graph key(s)", len(keys))
+    bar = tqdm(keys, desc="census", unit="key", file=sys.stderr, disable=None if progress else True, leave=False)
+    for key in bar:
+        n = len(tracer.traces)
         for site in tracer.sites(key.batch, key.frames):
             c.add(site, key.traffic, must=True)
+        if progress and len(tracer.traces) > n:
+            log.info("trace %d (key batch=%d, frames=%d) at %.1fs", len(tracer.traces), key.batch, key.frames,
+                     time.perf_counter() - t0)
     # The served weight working set decides whether the build measures with cold or warm weights.
     weight_bytes = sum(p.numel() * p.element_size() for p in tracer.model.parameters())
     c.info.update({"traces": len(tracer.traces), "trace_s": round(time.perf_counter() - t0, 3),
@@ -376,7 +389,8 @@ def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max
                      durations: Sequence[float] | None = None, time_granularity: int = DEFAULT_TIME_GRANULARITY,
                      max_seconds: float | None = None, chunk_size: int = 16, chunk_frames: int | None = None,
                      concurrency: dict[int, float] | None = None, concurrency_mean: float | None = None,
-                     steps: int = DEFAULT_STEPS, max_keys: int | None = DEFAULT_MAX_KEYS) -> Census:
+                     steps: int = DEFAULT_STEPS, max_keys: int | None = DEFAULT_MAX_KEYS,
+                     progress: bool = False) -> Census:
     shift = float(info.get("frame_shift_ms", 10))
     fixed = info.get("fixed_window")
     if service_mode == "offline":
@@ -397,76 +411,4 @@ def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max
             "time_granularity": None if fixed else time_granularity}
     if service_mode == "streaming":
         meta.update({"chunk_size": chunk_size, "chunk_frames": keys[0].frames if keys else None})
-    return run_census(tracer, keys, service_mode, meta)
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("census", help="trace a model's graph keys on FakeTensors: GEMM points + weights",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="module:function building the model, e.g. "
-                   "examples.conformer:build_model")
-    p.add_argument("--model-args", nargs="*", default=[], metavar="K=V", help="builder arguments (strings)")
-    from ..families.quantization import schemes
-
-    p.add_argument("--quantization", choices=sorted(schemes()), default=None,
-                   help="quantize the full-precision model online (as oasr_ops.quantize_) before tracing: the "
-                        "census then reports its quantized sites (a model already quantized needs no flag)")
-    p.add_argument("--service-mode", choices=("offline", "streaming"), required=True)
-    p.add_argument("--max-batch-size", type=int, required=True)
-    p.add_argument("--manifest", help="offline: JSON lines with a 'duration' (s) per utterance")
-    p.add_argument("--time-granularity", type=int, default=DEFAULT_TIME_GRANULARITY,
-                   help=f"offline time bucket, input frames (default {DEFAULT_TIME_GRANULARITY})")
-    p.add_argument("--max-seconds", type=float, help="offline: top time bucket (default: the manifest's longest)")
-    p.add_argument("--chunk-size", type=int, default=16, help="streaming: encoder frames per chunk (default 16)")
-    p.add_argument("--chunk-frames", type=int, help="streaming: input frames per chunk (overrides the rule)")
-    p.add_argument("--concurrency", help="streaming: JSON file {width: weight} (default: Poisson, mean max/4)")
-    p.add_argument("--concurrency-mean", type=float, help="streaming: mean of the default Poisson histogram")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="streaming: decode steps the histogram "
-                   f"is scaled to (default {DEFAULT_STEPS})")
-    p.add_argument("--max-keys", type=int, default=DEFAULT_MAX_KEYS,
-                   help=f"bound on traced keys (default {DEFAULT_MAX_KEYS}; traffic-bearing keys first)")
-    p.add_argument("--n-mels", type=int, help="override census_info['n_mels']")
-    p.add_argument("--input-layout", choices=("BTF", "BFT"), help="override census_info['input_layout']")
-    p.add_argument("--fixed-window", type=int, help="override census_info['fixed_window'] (input frames)")
-    p.add_argument("--capture", action="append", default=[], help="merge an OASR_CAPTURE_GEMM recording")
-    p.add_argument("--out", required=True, help="census JSON to write")
-    p.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
-    builder, mod = load_builder(args.model)
-    model_args = _parse_model_args(args.model_args)
-    model = build_for_census(builder, model_args)
-    if args.quantization:  # a full-precision model quantized online, as the deployment will run it
-        from ..families.quantization import quantize
-
-        model = quantize(model, args.quantization, who="oasr tune census --quantization")
-    info = dict(getattr(mod, "census_info", {}) or {})
-    for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
-        if v is not None:
-            info[k] = v
-    durations = read_manifest(args.manifest) if args.manifest else None
-    if args.service_mode == "offline" and durations is None and not info.get("fixed_window") \
-            and args.max_seconds is None:
-        raise SystemExit("oasr tune census: offline needs --manifest (or --max-seconds, with no traffic weights)")
-    hist = None
-    if args.concurrency:
-        hist = {int(k): float(v) for k, v in json.loads(Path(args.concurrency).read_text()).items()}
-    c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
-                         durations=durations, time_granularity=args.time_granularity, max_seconds=args.max_seconds,
-                         chunk_size=args.chunk_size, chunk_frames=args.chunk_frames, concurrency=hist,
-                         concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys)
-    for cap in args.capture:
-        merge_capture(c, cap)
-    c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
-                   "quantization": args.quantization,
-                   "manifest": args.manifest, "captures": list(args.capture)})
-    doc = c.to_json()
-    Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
-    npts = sum(len(s["points"]) for s in doc["signatures"].values())
-    print(f"census: {len(doc['keys'])} key(s), {len(doc['signatures'])} signature(s), {npts} point(s), "
-          f"{c.info['traces']} trace(s) in {time.perf_counter() - t0:.1f}s -> {args.out}")
-    return 0
+    return run_census(tracer, keys, service_mode, meta, progress=progress)

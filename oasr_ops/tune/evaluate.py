@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
 from ..runtime.select import resolve_in_table
 from .points import Point
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
@@ -242,12 +244,11 @@ def plot(result: Mapping[str, Any], path: str) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"plot skipped: matplotlib is not installed (pip install matplotlib); {path} not written",
-              file=sys.stderr)
+        log.warning("plot skipped: matplotlib is not installed (pip install oasr_ops[plot]); %s not written", path)
         return False
     sigs = sorted({p.signature for s in result["selectors"].values() for p in s.points})
     if not sigs:
-        print(f"plot skipped: no measured points; {path} not written", file=sys.stderr)
+        log.warning("plot skipped: no measured points; %s not written", path)
         return False
     cols = min(3, len(sigs))
     rows = -(-len(sigs) // cols)
@@ -286,7 +287,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--miss", default="default",
                    help="config a DB selector answers where it has no entry/region (default: 'default', as the "
                         "runtime ends); 'none' counts such points as uncovered instead")
-    p.add_argument("--plot", metavar="OUT.png", help="write a regret plot (needs matplotlib)")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="write a regret plot (needs matplotlib: pip install oasr_ops[plot]; default: no plot)")
     p.add_argument("--arch", help="arch family whose lane default the `default` sentinel means (default: this GPU, "
                                   "else sm90)")
     p.add_argument("--default-config", help="config id the `default` sentinel means (overrides --arch)")
@@ -316,23 +318,36 @@ def _sentinel_as(fn: SelectorFn, sentinel: str, config: Callable[[str], Union[st
 
 
 def handler(args: argparse.Namespace) -> int:
-    """Run ``oasr tune evaluate``. 0 on success, 2 on bad input (message on stderr)."""
+    """Run ``oasr tune evaluate``. 0 on success; bad input raises `UsageError` (the CLI's exit 2) before
+    anything is written."""
+    from ..errors import UsageError, existing_file, writable_output
+
     selectors: dict[str, Selector] = {}
     miss = None if str(args.miss).lower() == "none" else args.miss
-    try:
-        records: list[dict[str, Any]] = []
-        for log in args.log:
-            records.extend(read_log(log))
-        for spec in args.db:
-            name, sep, path = spec.partition("=")
-            if not sep or not name or not path:
-                raise ValueError(f"--db expects NAME=PATH, got {spec!r}")
-            if name in selectors:
-                raise ValueError(f"--db name {name!r} given twice")
+    if args.plot:
+        writable_output(args.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install oasr_ops[plot]") from None
+    records: list[dict[str, Any]] = []
+    for path in args.log:
+        existing_file(path, "--log")
+        try:
+            records.extend(read_log(path))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UsageError(f"--log {e}") from None
+    for spec in args.db:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--db expects NAME=PATH, got {spec!r}")
+        if name in selectors:
+            raise UsageError(f"--db name {name!r} given twice")
+        existing_file(path, "--db")
+        try:
             selectors[name] = db_selector(load_db_entries(path), miss=miss)
-    except (OSError, ValueError) as e:
-        print(f"oasr tune evaluate: {e}", file=sys.stderr)
-        return 2
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UsageError(f"--db {path}: {e}") from None
     # The constant baselines are always scored; a --db named like one of them takes its place.
     for const in ("default", "torch"):
         selectors.setdefault(const, constant_selector(const))
@@ -343,11 +358,16 @@ def handler(args: argparse.Namespace) -> int:
         selectors = {name: _sentinel_as(fn, "default", default_of) for name, fn in
                      ((n, as_selector(sel, miss=miss)) for n, sel in selectors.items())}
     result = evaluate(records, selectors, miss=miss)
+    if args.plot and not any(s.points for s in result["selectors"].values()):
+        raise UsageError(f"--plot: no measured points in {', '.join(args.log)}; nothing to plot")
     if args.json:
         print(json.dumps({"points": result["points"],
                           "selectors": {k: v.as_dict() for k, v in result["selectors"].items()}}, indent=1))
     else:
         print(format_table(result))
-    if args.plot:
-        plot(result, args.plot)
+    if args.plot and plot(result, args.plot):
+        if args.json:  # stdout is one JSON document
+            log.info("plot written: %s", args.plot)
+        else:
+            print(f"plot written: {args.plot}")
     return 0

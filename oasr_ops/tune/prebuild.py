@@ -19,15 +19,18 @@ with the quantizing variant).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from typing import Any
 
 from .. import families as _families  # noqa: F401  (fills the registry)
 from ..codegen.jit import JitSpec, build_many, nvcc_path
 from ..configs import SENTINELS, ConfigError, parse
+from ..errors import UsageError
 from ..runtime import registry
 from ..runtime.arch import normalize_arch
+
+log = logging.getLogger(__name__)
 
 DTYPES = ("fp16", "bf16")  # the half-precision output dtypes a prebuild compiles by default
 
@@ -81,7 +84,7 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
                family: str | None = None, census: list[str] | None = None, opts: Any = None) -> list[JitSpec]:
     names = prebuild_families()
     if not any(registry.lanes_for(arch, f) for f in names):
-        raise SystemExit(f"oasr tune prebuild: no GEMM lane runs on {arch}")
+        raise UsageError(f"no GEMM lane runs on {arch}")
     if census:
         return census_specs(census, arch, family, opts)
     specs: list[JitSpec] = []
@@ -90,7 +93,7 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
             cfg = parse(cid)
             owner = next((f for f in names if any(cfg in lane.space for lane in registry.lanes_for(arch, f))), None)
             if owner is None:
-                raise SystemExit(f"oasr tune prebuild: {cid} is in no lane that runs on {arch}")
+                raise UsageError(f"{cid} is in no lane that runs on {arch}")
             specs += registry.get(owner).handler("prebuild_specs")(arch, False, dtypes, configs=[cfg])
         return specs
     for name in names:
@@ -100,15 +103,31 @@ def plan_specs(arch: str, configs: list[str] | None, all_: bool, dtypes: tuple[s
     return sorted(specs, key=lambda s: -s.est_memory)
 
 
+def _dtypes(text: str) -> tuple[str, ...]:
+    """--dtypes: a comma list of the known half-precision dtypes (never a free string: it names files)."""
+    out = tuple(d.strip() for d in text.split(",") if d.strip())
+    bad = [d for d in out if d not in DTYPES]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {', '.join(DTYPES)}")
+    return tuple(dict.fromkeys(out))
+
+
+def _jobs(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
 def _run(args: argparse.Namespace) -> int:
-    if nvcc_path() is None:
-        print("oasr tune prebuild: nvcc not found", file=sys.stderr)
-        return 2
+    """`oasr tune prebuild`: arch list, dtypes and configs are validated (UsageError) before nvcc runs."""
     archs = (args.arch or os.environ.get("OASR_CUDA_ARCH_LIST", "")).replace(";", " ").replace(",", " ").split()
     if not archs:
-        print("oasr tune prebuild: set OASR_CUDA_ARCH_LIST (e.g. 9.0a) or pass --arch", file=sys.stderr)
-        return 2
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else DTYPES
+        raise UsageError("set OASR_CUDA_ARCH_LIST (e.g. 9.0a) or pass --arch")
+    dtypes = args.dtypes or DTYPES
     specs: list[JitSpec] = []
     opts = None
     if args.census:
@@ -119,19 +138,29 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for a in archs:
             specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes, args.family, args.census, opts)
-    except (ConfigError, ValueError, OSError) as e:
-        print(f"oasr tune prebuild: {e}", file=sys.stderr)
-        return 2
-    print(f"oasr tune prebuild: {len(specs)} kernel(s) for {', '.join(archs)}", file=sys.stderr)
+    except ConfigError as e:
+        raise UsageError(f"--configs: {e}") from None
+    except UsageError:
+        raise
+    except OSError as e:  # an unreadable --census file
+        raise UsageError(f"--census: {e}") from None
+    except ValueError as e:  # normalize_arch: a misspelt arch
+        raise UsageError(f"--arch: {e}") from None
+    if nvcc_path() is None:
+        raise UsageError("nvcc not found (install the CUDA toolkit or put nvcc on PATH)")
+    log.info("%d kernel(s) for %s", len(specs), ", ".join(archs))
     report = build_many(specs, jobs=args.jobs, progress=not args.quiet)
     print(report.summary())
     return 1 if report.failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prebuild", help="compile kernels without a GPU (for OASR_CUDA_ARCH_LIST)")
+    p = sub.add_parser("prebuild", help="compile kernels without a GPU (for OASR_CUDA_ARCH_LIST)",
+                       description="Compile the production kernel set (or --all, or --configs) for the archs of "
+                                   "OASR_CUDA_ARCH_LIST / --arch into the JIT cache; needs nvcc, not a GPU.")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--configs", nargs="+", metavar="ID", help="exactly these config ids")
+    g.add_argument("--configs", nargs="+", metavar="ID", help="exactly these config ids (default: the production "
+                                                              "set)")
     g.add_argument("--all", action="store_true", help="the whole config space of every lane")
     g.add_argument("--census", action="append", metavar="FILE",
                    help="exactly the candidates `oasr tune build --census FILE` loads (repeatable)")
@@ -141,9 +170,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-prune", action="store_true", help="with --census: as the build's --no-prune")
     p.add_argument("--top-k", type=int, default=16, help="with --census: as the build's --top-k")
     p.add_argument("--no-validate", action="store_true", help="with --census: as the build's --no-validate")
-    p.add_argument("--arch", help="override OASR_CUDA_ARCH_LIST (e.g. 9.0a)")
-    p.add_argument("--dtypes", help="comma list of fp16,bf16 (default both)")
+    p.add_argument("--arch", help="arch list, e.g. 9.0a (default: OASR_CUDA_ARCH_LIST)")
+    p.add_argument("--dtypes", type=_dtypes, help=f"comma list of {','.join(DTYPES)} (default: all of them)")
     p.add_argument("--family", choices=prebuild_families(), help="one kernel family only (default: all)")
-    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (capped by free memory)")
+    p.add_argument("--jobs", type=_jobs, default=None,
+                   help="parallel nvcc processes (default: the CPU count; capped by free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +61,12 @@ def _status_text(d: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+
     try:
         d = status_data(getattr(args, "arch", None))
     except ValueError as e:  # a misspelt --arch
-        print(f"oasr tune status: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--arch: {e}") from None
     if getattr(args, "json", False):
         print(json.dumps(d, indent=1, default=str))
     else:
@@ -78,11 +78,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _load_for_diff(path: str) -> dict[str, Any]:
+    """A tuning DB file's document, or UsageError. A tuning file is a JSON object with an integer ``schema``,
+    string ``kernel_family`` and ``arch_family`` and an ``entries`` object (any other JSON is refused, so a
+    census or a log given by mistake is not "a file with no entries")."""
+    from ..errors import UsageError
+
     doc, why = _db._read_json(Path(path))
     if why is not None:
-        raise ValueError(f"{path}: {why}")
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries", {}), dict):
-        raise ValueError(f"{path}: not a tuning file")
+        raise UsageError(f"{path}: {'no such file' if why == 'absent' else why}")
+    if not (isinstance(doc, dict) and type(doc.get("schema")) is int and isinstance(doc.get("kernel_family"), str)
+            and isinstance(doc.get("arch_family"), str) and isinstance(doc.get("entries"), dict)):
+        raise UsageError(f"{path}: not a tuning DB file (needs schema, kernel_family, arch_family, entries)")
     return doc
 
 
@@ -200,11 +206,7 @@ def _diff_text(d: dict[str, Any], a: str, b: str) -> str:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    try:
-        a, b = _load_for_diff(args.a), _load_for_diff(args.b)
-    except ValueError as e:
-        print(f"oasr tune diff: {e}", file=sys.stderr)
-        return 2
+    a, b = _load_for_diff(args.a), _load_for_diff(args.b)
     d = diff_docs(a, b)
     if getattr(args, "json", False):
         print(json.dumps(d, indent=1, default=str))
@@ -214,12 +216,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("status", help="which tuning tiers and files are loaded, which entries are stale")
-    p.add_argument("--arch", default=None, help="arch family (default: this GPU or OASR_ARCH)")
+    p = subparsers.add_parser("status", help="which tuning tiers and files are loaded, which entries are stale",
+                              description="Tier directories, tuning files loaded or skipped (and why), stale "
+                                          "entries, and this process's resolution counts.")
+    p.add_argument("--arch", default=None, help="arch family, e.g. sm90 (default: this GPU or OASR_ARCH)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
-    d = subparsers.add_parser("diff", help="compare two tuning files per signature")
-    d.add_argument("a", metavar="A.json")
-    d.add_argument("b", metavar="B.json")
+    d = subparsers.add_parser("diff", help="compare two tuning files per signature",
+                              description="Regions, configs and evidence that differ between two tuning DB "
+                                          "files. Exit 0 when equal, 1 when different, 2 on a bad file.")
+    d.add_argument("a", metavar="A.json", help="the old tuning DB file")
+    d.add_argument("b", metavar="B.json", help="the new tuning DB file")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_diff)

@@ -1,0 +1,67 @@
+"""`UsageError`: a mistake of the user's (a missing file, a bad option value), not a bug of ours.
+
+The one error mechanism of the `oasr` command line (decision): every subcommand validates its whole input
+(options, files it reads, where it will write) BEFORE it creates or writes anything, and raises `UsageError`
+naming the problem. `oasr_ops.cli.main` catches it in one place, prints ``<prog>: error: <message>`` as one line
+on stderr (no traceback) and exits 2; argparse's own errors (an unknown option, a bad choice) take the same
+path. Any other exception is a bug and keeps its traceback.
+
+`UsageError` is a `ValueError`, so library callers that catch ValueError for bad input keep working. It lives
+at the bottom layer so every layer may raise it; the small checks below are what the subcommands share.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line by the CLI, exit code 2. `prog` names the command the
+    message is for (the CLI fills in the running subcommand when it is None)."""
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+def existing_file(path: str | os.PathLike[str], what: str) -> Path:
+    """`path` as a Path when it is a readable regular file, else UsageError('<what> <path>: <why>')."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{what} {path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"{what} {path}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise UsageError(f"{what} {path}: not readable")
+    return p
+
+
+def json_file(path: str | os.PathLike[str], what: str) -> Any:
+    """The parsed JSON document at `path`, or UsageError naming the file and what is wrong with it."""
+    p = existing_file(path, what)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path}: not UTF-8 text") from None
+    except RecursionError:
+        raise UsageError(f"{what} {path}: JSON nested too deeply") from None
+    except ValueError as e:
+        raise UsageError(f"{what} {path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise UsageError(f"{what} {path}: unreadable ({e.strerror or e})") from None
+
+
+def writable_output(path: str | os.PathLike[str], what: str) -> Path:
+    """`path` as a Path when a file can be written there: its directory exists (it is not created: a typo
+    must not leave directories behind) and is writable, and `path` is not a directory."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"{what} {path}: is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"{what} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{what} {path}: directory {parent} is not writable")
+    return p

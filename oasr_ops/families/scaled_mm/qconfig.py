@@ -1,0 +1,48 @@
+"""Quantization configs: what `oasr_ops.quantize_(model, config)` and the backend's
+``options={"quantization": config}`` accept (torchao's convention: a config object says what to do, a handler
+registered for its type does it; `oasr_ops.quantize.register_quantize_handler`).
+
+Each config is a frozen dataclass (hashable, comparable, safe to share between compiles). The strings of the
+older API name a config with its defaults (`SCHEMES`); `as_quant_config` turns either form into the object.
+Lives in the scaled_mm family (layer 3) so the graph pass (layer 5) and the public API (layer 6) share it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Int8W8A8Config:
+    """int8 weights x int8 activations -> `torch.ops.oasr.scaled_mm`, output in the layer's half dtype.
+
+    Weights: symmetric per output channel, quantized once. Activations: symmetric per token, quantized at every
+    call (dynamic). A linear layer qualifies when K % 16 == 0 and N % 8 == 0; the others stay full precision.
+
+    Fields:
+      kernel: the scaled_mm config every quantized layer calls: ``"auto"`` (default: the tuning DB's scaled_mm
+        entry for the layer's signature, else the int8 shape heuristic), ``"heuristic"``, ``"default"``, or one
+        config id of the int8 lane (pins a tile, e.g. for a benchmark).
+    """
+
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel, str) or not self.kernel:
+            raise ValueError(f"Int8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+
+
+# The string names of the older API -> their config type (constructed with its defaults).
+SCHEMES: dict[str, type] = {"int8_w8a8": Int8W8A8Config}
+
+
+def as_quant_config(config: Any) -> Any:
+    """A config object for `config`: a known scheme string becomes its config with defaults; an object is
+    returned as is (its handler is looked up by the caller). ValueError for an unknown string."""
+    if isinstance(config, str):
+        cls = SCHEMES.get(config)
+        if cls is None:
+            raise ValueError(f"unknown scheme {config!r}; supported: {', '.join(SCHEMES)} or a config object "
+                             f"such as Int8W8A8Config()")
+        return cls()
+    return config

@@ -1,0 +1,164 @@
+"""`oasr tune census` on the command line: argument parsing and validation of every input (a `UsageError`
+before the model is built or a file written, see `oasr_ops.errors`); the census itself is
+`oasr_ops.tune.census` (its module docstring is the design: graph keys, traffic, output format)."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+from typing import Any, Callable
+
+from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, _parse_model_args, build_for_census,
+                     census_for_model, load_builder, merge_capture, read_manifest)
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def conv(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return v
+    conv.__name__ = f"positive {kind.__name__}"
+    return conv
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "census", help="trace a model's graph keys on FakeTensors: GEMM points + traffic weights (no GPU)",
+        description="Trace a model's graph keys on FakeTensors (no GPU) and write the GEMM points each key "
+                    "reaches, weighted by traffic, as a census JSON for `oasr tune build`. The design (graph "
+                    "keys, traffic, output format) is in docs/tuning.md and oasr_ops/tune/census.py.")
+    pos_int, pos_float = _positive(int), _positive(float)
+    p.add_argument("--model", required=True, help="module:function building the model, e.g. "
+                   "examples.conformer:build_model (the module is imported from the current directory too)")
+    p.add_argument("--model-args", nargs="*", default=[], metavar="K=V",
+                   help="builder keyword arguments, passed as strings (default: none)")
+    from ..families.quantization import schemes
+
+    p.add_argument("--quantization", choices=sorted(schemes()), default=None,
+                   help="quantize the full-precision model online (oasr_ops.quantize_) before tracing: the census "
+                        "then reports its scaled_mm sites (default: none; a model already quantized needs none)")
+    p.add_argument("--service-mode", choices=("offline", "streaming"), required=True,
+                   help="offline: (batch, time) buckets over a manifest; streaming: cohort widths x one chunk")
+    p.add_argument("--max-batch-size", type=pos_int, required=True, help="largest batch (offline) or cohort "
+                   "width (streaming) the deployment captures")
+    p.add_argument("--manifest", help="offline: JSON lines with a 'duration' (s) per utterance (traffic weights)")
+    p.add_argument("--time-granularity", type=pos_int, default=DEFAULT_TIME_GRANULARITY,
+                   help="offline time bucket, input frames")
+    p.add_argument("--max-seconds", type=pos_float,
+                   help="offline: top time bucket (default: the manifest's longest utterance)")
+    p.add_argument("--chunk-size", type=pos_int, default=16, help="streaming: encoder frames per chunk")
+    p.add_argument("--chunk-frames", type=pos_int,
+                   help="streaming: input frames per chunk (default: from --chunk-size and the subsampling)")
+    p.add_argument("--concurrency", help="streaming: JSON file {width: weight} (default: Poisson, mean max/4)")
+    p.add_argument("--concurrency-mean", type=pos_float,
+                   help="streaming: mean of the default Poisson histogram (default: max batch size / 4)")
+    p.add_argument("--steps", type=pos_int, default=DEFAULT_STEPS,
+                   help="streaming: decode steps the histogram is scaled to")
+    p.add_argument("--max-keys", type=pos_int, default=DEFAULT_MAX_KEYS,
+                   help="bound on traced keys (traffic-bearing keys first)")
+    p.add_argument("--n-mels", type=pos_int, help="override the model's census_info['n_mels'] (default: 80)")
+    p.add_argument("--input-layout", choices=("BTF", "BFT"),
+                   help="override census_info['input_layout'] (default: BTF)")
+    p.add_argument("--fixed-window", type=pos_int,
+                   help="override census_info['fixed_window'] (input frames; default: none, time is bucketed)")
+    p.add_argument("--capture", action="append", default=[],
+                   help="merge an OASR_CAPTURE_GEMM recording (repeatable; default: none)")
+    p.add_argument("--out", required=True, help="census JSON to write (its directory must exist)")
+    p.set_defaults(func=main)
+
+
+def _load_model_for_cli(spec: str, model_args: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    """`load_builder` with every failure a UsageError naming --model; the arguments are checked against the
+    builder's signature before anything is built."""
+    from ..errors import UsageError
+
+    mod_name, sep, fn_name = spec.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise UsageError(f"--model expects module:function, got {spec!r}")
+    try:
+        builder, mod = load_builder(spec)
+    except ModuleNotFoundError as e:
+        raise UsageError(f"--model {spec}: cannot import {e.name or mod_name!r} ({e})") from None
+    except AttributeError:
+        raise UsageError(f"--model {spec}: module {mod_name!r} has no {fn_name!r}") from None
+    except ImportError as e:
+        raise UsageError(f"--model {spec}: cannot import {mod_name!r} ({e})") from None
+    if not callable(builder):
+        raise UsageError(f"--model {spec}: {fn_name!r} is not callable")
+    try:
+        inspect.signature(builder).bind(**model_args)
+    except TypeError as e:
+        raise UsageError(f"--model-args do not fit {spec}: {e}") from None
+    except ValueError:  # a builtin without a signature: let the call decide
+        pass
+    return builder, mod
+
+
+def main(args: argparse.Namespace) -> int:
+    """`oasr tune census`: every input is checked (UsageError) before the model is built or a file written."""
+    import logging
+
+    from ..errors import UsageError, existing_file, json_file, writable_output
+
+    log = logging.getLogger("oasr_ops.tune.census")
+    t0 = time.perf_counter()
+    try:
+        model_args = _parse_model_args(args.model_args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out = writable_output(args.out, "--out")
+    durations = None
+    if args.manifest:
+        existing_file(args.manifest, "--manifest")
+        try:
+            durations = read_manifest(args.manifest)
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+            raise UsageError(f"--manifest {args.manifest}: {e}") from None
+        if not durations:
+            raise UsageError(f"--manifest {args.manifest}: no utterances")
+    hist = None
+    if args.concurrency:
+        doc = json_file(args.concurrency, "--concurrency")
+        try:
+            hist = {int(k): float(v) for k, v in doc.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise UsageError(f"--concurrency {args.concurrency}: expected {{width: weight}}") from None
+    for cap in args.capture:
+        existing_file(cap, "--capture")
+    builder, mod = _load_model_for_cli(args.model, model_args)
+    info = dict(getattr(mod, "census_info", {}) or {})
+    for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
+        if v is not None:
+            info[k] = v
+    if args.service_mode == "offline" and durations is None and not info.get("fixed_window") \
+            and args.max_seconds is None:
+        raise UsageError("offline needs --manifest (or --max-seconds, with no traffic weights)")
+    log.debug("building %s%s", args.model, f" with {model_args}" if model_args else "")
+    try:
+        model = build_for_census(builder, model_args)
+    except TypeError as e:  # a builder taking **kwargs rejects unknown --model-args itself
+        raise UsageError(f"--model-args do not fit {args.model}: {e}") from None
+    if args.quantization:  # a full-precision model quantized online, as the deployment will run it
+        from ..families.quantization import quantize
+
+        model = quantize(model, args.quantization, who="oasr tune census --quantization")
+    c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
+                         durations=durations, time_granularity=args.time_granularity, max_seconds=args.max_seconds,
+                         chunk_size=args.chunk_size, chunk_frames=args.chunk_frames, concurrency=hist,
+                         concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys,
+                         progress=True)
+    for cap in args.capture:
+        merge_capture(c, cap)
+    c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
+                   "quantization": args.quantization,
+                   "manifest": args.manifest, "captures": list(args.capture)})
+    doc = c.to_json()
+    out.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    npts = sum(len(s["points"]) for s in doc["signatures"].values())
+    print(f"census: {len(doc['keys'])} key(s), {len(doc['signatures'])} signature(s), {npts} point(s), "
+          f"{c.info['traces']} trace(s) in {time.perf_counter() - t0:.1f}s -> {args.out}")
+    return 0
