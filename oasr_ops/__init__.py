@@ -12,6 +12,7 @@ from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .quantize import Int8W8A8Config, QuantLinear, quantization_report, quantize_  # noqa: F401,E402
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
+from .tune.autotune import autotune  # noqa: F401,E402
 
 
 def gemm(a, w, bias=None, activation: str | None = None, config: str = "auto"):

@@ -43,7 +43,7 @@ class PlanCache:
 
     def __init__(self) -> None:
         self.plans: dict[tuple, Plan] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: autotune() times other configs' plans inside a make()
 
     def get_or_make(self, key: tuple, make: Callable[[], Plan]) -> Plan:
         plan = self.plans.get(key)

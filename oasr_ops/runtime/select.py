@@ -60,7 +60,7 @@ from . import production as _production
 from . import registry as _registry
 from .arch import current_arch_family, normalize_arch
 
-TIER_NAMES = ("user", "system", "model", "default", "heuristic")
+TIER_NAMES = ("autotune", "user", "system", "model", "default", "heuristic")
 
 PluginFn = Callable[[Any, int, int, int, Any], "str | None"]
 
@@ -112,6 +112,20 @@ def _on_reload(_epoch: int) -> None:
 
 
 _db.on_reload(_on_reload)
+
+
+# The runtime autotuner's tier (oasr_ops.tune.autotune installs it while an autotune() context is active):
+# fn(family, op, dtype, n, k, m, arch) -> config id | None, asked ahead of the DB tiers on a memo miss only, so
+# a memo hit costs the same with or without it.
+_AUTOTUNE: Callable[[str, str, Any, int, int, int, str], "str | None"] | None = None
+
+
+def set_autotune(fn: Callable[[str, str, Any, int, int, int, str], "str | None"] | None) -> None:
+    """Install (None: remove) the autotune tier. The memo is dropped (no new epoch: the DB snapshot is the same)
+    so every shape re-resolves with or without it; the caller drops the families' plan caches too."""
+    global _AUTOTUNE
+    _AUTOTUNE = fn
+    _on_reload(_db.epoch())
 
 
 def register_fallback(family: str, fn: PluginFn | None) -> None:
@@ -283,6 +297,10 @@ def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str
         return Selection(_registry.get(family).no_arch, "default",
                          sigs[0] if sigs else f"{family}|op={op}|N={n}|K={k}")
     ctx = _context(family, op, dtype, n, k, a)
+    if _AUTOTUNE is not None and point is None:
+        cfg = _AUTOTUNE(family, op, dtype, n, k, m, a)
+        if cfg is not None:
+            return Selection(cfg, "autotune", ctx.sig)
     hit = _walk_db(ctx, m, point)
     cfg, tier = hit if hit is not None else _fallback(ctx, m)
     return Selection(cfg, tier, ctx.sig)
