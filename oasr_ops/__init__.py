@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os as _os
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402,F401
 
 from . import families  # noqa: F401,E402  (registers every kernel family and its torch.ops.oasr.* ops)
 from .configs import SENTINELS, Config, parse  # noqa: F401,E402

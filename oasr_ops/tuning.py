@@ -114,11 +114,11 @@ def family_lines(epoch: int | None = None) -> list[str]:
 
 def tuning_report(print_: bool = True) -> str:
     """The selector's per-tier report, then the per-family lines (`family_lines`); printed and returned."""
-    from .runtime import select
+    from .runtime import select_report
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        select.tuning_report(print_=True)
+        select_report.tuning_report(print_=True)
     text = buf.getvalue().rstrip("\n") + "\n" + "\n".join(family_lines())
     if print_:
         print(text)

@@ -41,6 +41,7 @@ MAX_LINES = 500
 LAYERS: dict[str, int] = {
     "oasr_ops.configs": 0,      # config ids, sentinels, the Lane dataclass
     "oasr_ops.paths": 0,        # every filesystem path, nvcc probing
+    "oasr_ops._version": 0,     # __version__ (hashed by the graph pass)
     "oasr_ops.errors": 0,       # UsageError (the CLI's one error mechanism) and the input checks it shares
     "oasr_ops.codegen": 1,      # emit, render, JitSpec / KernelCache / build_many
     "oasr_ops.runtime": 2,      # registry, arch, DB reader, validators, select, plans

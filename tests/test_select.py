@@ -10,6 +10,7 @@ import pytest
 from oasr_ops.runtime.registry import native_lane
 from oasr_ops.tune import database as db
 from oasr_ops.runtime import select as sel
+from oasr_ops.runtime import select_report as sel_report
 from oasr_ops.runtime import validators as val
 
 LANE = "sm90_f16_wgmma"
@@ -21,7 +22,7 @@ A8, B8 = "t64x64x128_c1x1_pp", "t128x128x128_c1x1_coop"  # sm90_int8_wgmma tiles
 
 @pytest.fixture
 def env(tuning_env):
-    sel.reset_counts()
+    sel_report.reset_counts()
     yield tuning_env
     for fam in ("gemm", "scaled_mm"):
         sel.register_cost_model(fam, None)
@@ -167,14 +168,14 @@ def test_counts_per_call(env):
     pick(500)
     pick(500, op="gemm_activation")
     sel.select_config("scaled_mm", "scaled_mm", "int8", 8, 8, 8)
-    rep = sel.tuning_report()
+    rep = sel_report.tuning_report()
     assert rep["gemm"]["gemm"] == {"system": 5, "default": 1}
     assert rep["gemm"]["gemm_activation"] == {"default": 1}
     assert rep["scaled_mm"]["scaled_mm"] == {"heuristic": 1}
     db.reload()  # counts survive a new epoch
     pick(50)
-    assert sel.tuning_report()["gemm"]["gemm"] == {"system": 6, "default": 1}
-    text = sel.tuning_report(print_=True)
+    assert sel_report.tuning_report()["gemm"]["gemm"] == {"system": 6, "default": 1}
+    text = sel_report.tuning_report(print_=True)
     assert "gemm/gemm: system=6 (2) default=1 (1)" in text
 
 

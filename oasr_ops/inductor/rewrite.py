@@ -175,7 +175,7 @@ class OasrRewritePass(_Base):  # type: ignore[misc]
             _LOG.append(res)
 
     def uuid(self) -> str:
-        from .. import __version__
+        from .._version import __version__
         from ..runtime import select
         from ..runtime.arch import current_arch_family, normalize_arch
 

@@ -17,9 +17,12 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..configs import AUTO, SENTINELS, Config, ConfigError, parse
+
+if TYPE_CHECKING:  # annotations only: the runtime layer does not import torch for them
+    import torch
 from . import registry as _registry
 
 TABLE_PREFIX = "regions:"

@@ -38,6 +38,8 @@ class FamilySpec:
                      (`heuristic`, tier ``heuristic``) or ``torch`` (cuBLAS, tier ``default``).
     no_arch:         the answer where no arch family is known (a CPU without ``OASR_ARCH``).
     streamk_measured_only: a Stream-K config is served only from a measured tier (user/system).
+    modelled:        the cost-model tier (runtime/model_tier.py) answers this family's uncovered shapes, ranking
+                     its compiled configs against cuBLAS (tier ``model``; OASR_TUNE_MODEL_FALLBACK=0: off).
     no_streamk_ops:  ops whose launcher has no Stream-K variant (such an entry falls back, warned once).
     heuristic:       the ``heuristic`` sentinel's answer, wherever it is served (`select.serve_config`, a plan's
                      sentinel expansion); not a tier-chain plug-in, so `select_config` and the region tables a
@@ -61,6 +63,7 @@ class FamilySpec:
     policy: str = "default"
     no_arch: str = "default"
     streamk_measured_only: bool = False
+    modelled: bool = False
     no_streamk_ops: tuple[str, ...] = ()
     heuristic: HeuristicFn | None = None
     production_extras: Callable[[Lane], Iterable[str]] | None = None

@@ -225,7 +225,9 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
     if not heuristic_off:
         for tier, e in _db.chain(family, op, dtype, n, k, arch):
             chain.append((tier, _feasible_regions(e.regions, lane, n, k, arch, e.signature), dict(e.points)))
-    model = _COST_MODELS.get(family) if (model_on and not heuristic_off) else None
+    model = None
+    if model_on and not heuristic_off:
+        model = _COST_MODELS.get(family) or (_model_tier(family, op, arch) if spec.modelled else None)
     # `spec.heuristic` is not a plug-in here: the chain answers the sentinel, which serving (or a plan) expands
     # for each M, so a baked region table keeps "heuristic" and agrees with `select_config`.
     fb = None if heuristic_off else _FALLBACKS.get(family)
@@ -233,6 +235,13 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
     if fb is None:
         const = lane.default.id if (lane is not None and spec.policy == "default") else _policy_sentinel(spec)
     return _Ctx(family, op, dtype, n, k, arch, sig, lane, chain, model, fb, const, spec.fallback_tier)
+
+
+def _model_tier(family: str, op: str, arch: str) -> PluginFn:
+    """The built-in cost-model tier of a `modelled` family, as a plug-in bound to (family, op, arch)."""
+    from . import model_tier
+
+    return lambda lane, m, n, k, dtype: model_tier.choose(family, op, lane, m, n, k, dtype, arch)
 
 
 def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str) -> _Ctx:
@@ -438,55 +447,6 @@ def resolve_in_table(table: list[list], m: int) -> str:
     return "auto"
 
 
-def tuning_report(print_: bool = False) -> str | dict:
-    """Calls per tier, per family and op, since import: ``{family: {op: {tier: calls}}}``.
-
-    With ``print_=True`` the report is printed (with resolution counts: one per shape per epoch) and the text
-    returned.
-    """
-    agg: dict[tuple[str, str, str], list[int]] = {}
-    for (fam, op, tier, _served), (calls, shapes) in _counts().items():
-        t = agg.setdefault((fam, op, tier), [0, 0])
-        t[0] += calls
-        t[1] += shapes
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for (fam, op, tier), (calls, _shapes) in sorted(agg.items()):
-        out.setdefault(fam, {}).setdefault(op, {})[tier] = calls
-    if not print_:
-        return out
-    lines = ["tuning report (calls per tier; resolutions, one per shape per epoch, in parentheses)"]
-    for fam, ops in out.items():
-        for op, tiers in ops.items():
-            parts = [f"{t}={tiers[t]} ({agg[(fam, op, t)][1]})" for t in TIER_NAMES if t in tiers]
-            lines.append(f"  {fam}/{op}: " + " ".join(parts))
-    if len(lines) == 1:
-        lines.append("  no selections yet")
-    text = "\n".join(lines)
-    print(text)
-    return text
-
-
-def _counts() -> dict[tuple[str, str, str, bool], list[int]]:
-    """[calls, resolutions] per (family, op, tier, served) since import: past epochs and the live memo."""
-    with _LOCK:
-        agg = {key: list(v) for key, v in _TOTALS.items()}
-        for cell in _MEMO.values():
-            t = agg.setdefault((cell.family, cell.op, cell.sel.tier, cell.served), [0, 0])
-            t[0] += cell.calls
-            t[1] += 1
-    return agg
-
-
-def resolution_counts(family: str) -> dict[str, dict[str, int]]:
-    """`serve_config`'s resolutions (one per distinct shape per DB epoch) of `family` since import (or its last
-    `reset_selection`): ``{op: {tier: n}}``."""
-    out: dict[str, dict[str, int]] = {}
-    for (fam, op, tier, served), (_calls, shapes) in sorted(_counts().items()):
-        if fam == family and served:
-            out.setdefault(op, {})[tier] = shapes
-    return out
-
-
 def reset_selection(family: str | None = None) -> None:
     """Forget the memoised selections, contexts and counts of `family` (all with None), the production sets and
     the warnings (tests; a reload drops the memo but keeps the counts)."""
@@ -498,14 +458,6 @@ def reset_selection(family: str | None = None) -> None:
             del _TOTALS[key]
         _WARNED.clear()
     _production.reset()
-
-
-def reset_counts() -> None:
-    """Forget the resolution counts (tests, or a report per phase)."""
-    with _LOCK:
-        _TOTALS.clear()
-        for cell in _MEMO.values():
-            cell.calls = 0
 
 
 def selection_hash(arch: str | None = None) -> str:

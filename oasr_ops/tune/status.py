@@ -23,7 +23,7 @@ from . import database as _db
 
 
 def status_data(arch: str | None = None) -> dict[str, Any]:
-    from ..runtime.select import tuning_report
+    from ..runtime.select_report import tuning_report
 
     rep = _db.report(arch)
     rep["resolutions"] = tuning_report(print_=False)

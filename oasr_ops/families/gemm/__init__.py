@@ -19,6 +19,7 @@ FAMILY = registry.register(registry.FamilySpec(
     dtyped=True,
     policy="default",
     no_arch="default",
+    modelled=True,
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,

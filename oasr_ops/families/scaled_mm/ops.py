@@ -267,7 +267,9 @@ def select_quant_config(n: int, k: int, m: int, arch: str | None = None) -> Sele
 
 def resolution_counts() -> dict[str, dict[str, int]]:
     """Resolutions (one per distinct shape per DB epoch) per op and tier since import: {op: {tier: n}}."""
-    return _select.resolution_counts(FAMILY)
+    from ...runtime.select_report import resolution_counts as counts
+
+    return counts(FAMILY)
 
 
 def reset_selection() -> None:
