@@ -3,16 +3,29 @@
 DB ops: ``conv1d`` (activations [B, C, T]) and ``conv1d_btc`` ([B, T, C]); signatures
 ``conv1d|op=<op>|dt=half|N=<C>|K=<Kw>`` with exact ``"BxT"`` points first, then regions over M = B * T (spec).
 Untuned policy: the lane default (ops.py says why; benchmarks/conv1d.py measures it against cuDNN).
-The graph-rewrite matcher is `rewrite.rewrite` (wired into the graph pass by the lead, not registered here).
+The graph-rewrite matcher is `rewrite.rewrite`, registered as the family's ``rewrite`` handler through
+`_rewrite_handler` (which records its sites in the pass's result like every family's).
 """
 from __future__ import annotations
 
 from ...codegen.render import render
 from ...runtime import registry
 from . import ops  # noqa: F401  (registers torch.ops.oasr.conv1d_depthwise)
+from . import rewrite as _rewrite
 from .kernels import prebuild_specs
 from .lanes import LANES
 from .ops import conv1d_depthwise, fold_batchnorm  # noqa: F401  (the family's Python API)
+
+
+def _rewrite_handler(ctx) -> None:
+    """`handlers["rewrite"]`: run the depthwise matcher on ctx.graph and record its sites and skips."""
+    res = _rewrite.rewrite(ctx.graph, ctx)
+    for s in res.sites:
+        op = "conv1d" if s.layout == "bct" else "conv1d_btc"
+        ctx.record(s.signature, "conv1d", op, s.dtype, s.channels, s.kernel_width, s.rows, config=s.config,
+                   tier="", node=s.node, activation=s.activation, bias=True)
+    ctx.result.skipped.extend(res.skipped)
+
 
 FAMILY = registry.register(registry.FamilySpec(
     name="conv1d",
@@ -23,5 +36,6 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="default",
     no_arch="default",
     render=render,
-    handlers={"reset_plans": ops.reset_plans, "served": ops.served, "prebuild_specs": prebuild_specs},
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served, "prebuild_specs": prebuild_specs,
+              "rewrite": _rewrite_handler},
 ))

@@ -20,14 +20,14 @@ _IDS = (
     "dw32x32_v4_n128",
     "dw32x64_v8_n256",
     "dw32x128_v8_n256",   # wide channel tiles: the [B, T, C] layout's rows
-    "dw64x32_v8_n128",
-    "dw64x64_v8_n256",    # the lane default
+    "dw64x32_v8_n128",    # the lane default: fastest at 45 (btc) and 47 (bct) of 64 shapes on the H200, docs/perf/conv.md
+    "dw64x64_v8_n256",
     "dw64x32_v16_n128",   # 32-byte vectors: the [B, C, T] layout's rows
     "dw128x32_v16_n256",
     "dw128x64_v8_n512",
 )
 SPACE = tuple(parse(i) for i in _IDS)
-DWCONV_DEFAULT = parse("dw64x64_v8_n256")
+DWCONV_DEFAULT = parse("dw64x32_v8_n128")
 _ARCHS = ("sm80", "sm86", "sm87", "sm89", "sm90")
 
 SM80_F16_DWCONV = Lane(

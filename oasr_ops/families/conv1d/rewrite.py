@@ -56,6 +56,8 @@ class ConvSite:
     kernel_width: int
     config: str
     node: str
+    dtype: str = ""
+    rows: Any = None  # M = B * T (int or SymInt): the DB's M axis for conv1d regions
 
 
 @dataclass
@@ -296,6 +298,8 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             _erase(graph, node)
         if layout == "btc":
             _erase(graph, x)
+        sv = _val(src)
+        rows = sv.shape[0] * (sv.shape[2] if layout == "bct" else sv.shape[1])
         res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None, c, kw, config,
-                                  conv.name))
+                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows))
     return res
