@@ -16,7 +16,7 @@ if [ ! -x "$OASR_VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$OASR_VENV/bin/activate"
-python -c 'import sys; assert sys.version_info >= (3, 10), "oasr_ops needs Python >= 3.10, this venv has " + sys.version' 
+python -c 'import sys; assert sys.version_info >= (3, 10), "oasr_ops needs Python >= 3.10, this venv has " + sys.version'
 python -m pip install -q --upgrade pip
 
 _oasr_install_torch() {
@@ -61,4 +61,4 @@ PY
 if ! python -c 'import torch' >/dev/null 2>&1; then
     _oasr_install_torch
 fi
-python -c 'import torch; print(f"[setup] venv {__import__(\"sys\").prefix}: torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")'
+python -c 'import sys, torch; print("[setup] venv", sys.prefix + ": torch", torch.__version__ + ", CUDA available:", torch.cuda.is_available())'
