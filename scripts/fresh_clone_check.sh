@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Does the README's Quick start work on a fresh machine? Clones the committed HEAD of this checkout into a
 # temporary directory and runs the two commands of the README's Quick start block there, exactly as written
-# (no venv, no PYTHONPATH, no OASR_* variables inherited), then prints a summary: each command's exit code, time
+# (no venv, no PYTHONPATH, no OASR_* variables inherited; empty caches: ~/.cache's pip, oasr JIT and tuning
+# tiers, and Inductor's, as on a new machine), then prints a summary: each command's exit code, time
 # and last lines, where the main job's oasr_ops came from, and the size of the venv the commands made.
 #
 #   scripts/fresh_clone_check.sh            (KEEP=1 keeps the temporary clone)
@@ -26,8 +27,8 @@ fi
 # A fresh shell: no active venv, nothing of the caller's on the import path.
 CLEAN_PATH=$(tr ':' '\n' <<<"$PATH" | grep -v -e '/\.venv/' -e "${VIRTUAL_ENV:-/nonexistent}" | paste -sd: -)
 run_clean() {
-    env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME $(env | sed -n 's/^\(OASR_[A-Z_]*\)=.*/-u \1/p') \
-        PATH="$CLEAN_PATH" bash -c "$1"
+    env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME $(env | sed -n 's/^\(OASR_[A-Z_]*\|TORCHINDUCTOR_[A-Z_]*\)=.*/-u \1/p') \
+        PATH="$CLEAN_PATH" XDG_CACHE_HOME="$WORK/cache" TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" bash -c "$1"
 }
 
 declare -a RC SECS
