@@ -1,7 +1,7 @@
 """int8 W8A8 scaled_mm on the GPU: tuned (`auto`) and heuristic oasr kernels vs `torch._int_mm` + dequant vs fp16
 cuBLAS, per ASR shape (the anchors' M x N x K), plus 8192^3 throughput.
 
-    python benchmarks/scaled_mm.py --out scaled_mm.json [--anchors ../shared/anchors/h200-cublas-baselines.json]
+    python benchmarks/scaled_mm.py --out scaled_mm.json [--anchors benchmarks/anchors/h200-cublas-baselines.json]
         [--ms 16,64,256,1024,4096,16384] [--reps 15] [--calls 16] [--quick]
 
 Method (the anchors' protocol): each arm is a CUDA graph of >= --calls calls, replayed --reps times; the figure is the
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-DEFAULT_ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "h200-cublas-baselines.json"
+DEFAULT_ANCHORS = Path(__file__).resolve().parent / "anchors" / "h200-cublas-baselines.json"
 
 
 def l2_bytes() -> int:

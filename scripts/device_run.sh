@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# GPU runs of the measurements in docs/perf/, one named step each, from a checkout on the GPU machine.
+#
+#   OUT=DIR bash scripts/device_run.sh STEP [STEP ...]       (repository root; OUT defaults to ./device-out)
+#   bash scripts/device_run.sh --list                         the steps and their commands
+#
+# Set-up, once per run, outside the repository:
+#   - the wheels in .whl/ (nvidia-cutlass, jinja2, ... built or downloaded on a machine with an index; torch is
+#     the GPU machine's own) are installed with `pip --target` into $TMPDIR/oasr-site, which goes on PYTHONPATH
+#     after the checkout (so `import oasr_ops` is this checkout);
+#   - the carried JIT cache .jitpack/jit.tar.xz (kernels prebuilt on a CPU machine with
+#     `OASR_JIT_DIR=DIR OASR_CUDA_ARCH_LIST=9.0a oasr tune prebuild --all --jobs 2`, then `tar -cJf jit.tar.xz -C DIR .`)
+#     is unpacked into $TMPDIR/oasr-jit and OASR_JIT_DIR points there;
+#   - the GPU (name, clocks, temperature) and torch's version are printed.
+# Each step tees its log to $OUT/<step>.log and writes its JSON next to it. Steps marked (writes db/) rebuild a
+# shipped tuning file in place: review the diff (`oasr tune diff`) before committing it.
+set -euo pipefail
+
+STEPS=(
+    "gpu-suite|python3 -m pytest -m gpu -q -p no:cacheprovider tests"
+    "quickstart|python3 examples/quickstart.py"
+    "main|python3 examples/compile_conformer.py"
+    "gemm-bench|python3 benchmarks/gemm_configs.py --rounds 3 --out \$OUT/gemm_configs.json && python3 benchmarks/gemm_configs.py --report \$OUT/gemm_configs.json"
+    "build|rm -f db/sm90/gemm.json && python3 -m oasr_ops tune build \$CENSUS --out system --fresh --thin --max-points 8 --max-fill 2 --rounds 3 --log \$OUT/build_log.jsonl --checkpoint-dir \$OUT/ckpt_gemm > \$OUT/build.json && cp db/sm90/gemm.json \$OUT/gemm.json && python3 -m oasr_ops tune evaluate --log \$OUT/build_log.jsonl --db new=db/sm90/gemm.json  (writes db/)"
+    "build-int8|rm -f db/sm90/scaled_mm.json && python3 -m oasr_ops tune build --family scaled_mm \$CENSUS --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log \$OUT/smm_log.jsonl --checkpoint-dir \$OUT/ckpt_smm > \$OUT/smm_build.json && cp db/sm90/scaled_mm.json \$OUT/scaled_mm_db.json  (writes db/)"
+    "scaled-mm|python3 benchmarks/scaled_mm.py --out \$OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7"
+    "bmm|python3 benchmarks/bmm.py --out \$OUT/bmm.json --reps 9"
+    "e2e|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends eager,inductor,oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e.json"
+    "e2e-relpos|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1027 --iters 20 --attention rel_pos --backends eager,inductor,oasr --out \$OUT/e2e_relpos.json"
+    "e2e-large|python3 benchmarks/e2e_conformer.py --size L --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e_L_int8.json"
+    "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
+)
+
+list_steps() {
+    echo "steps (run in the order given):"
+    for s in "${STEPS[@]}"; do printf '  %-12s %s\n' "${s%%|*}" "${s#*|}"; done
+    echo "  (\$CENSUS = --census benchmarks/census/<each>.json)"
+}
+
+if [ $# -eq 0 ] || [ "$1" = "--list" ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    list_steps
+    [ $# -eq 0 ] && exit 2 || exit 0
+fi
+
+cmd_of() {
+    local s
+    for s in "${STEPS[@]}"; do
+        if [ "${s%%|*}" = "$1" ]; then
+            local c=${s#*|}
+            echo "${c%  (writes db/)}"
+            return 0
+        fi
+    done
+    return 1
+}
+for step in "$@"; do  # every name checked before anything is set up
+    cmd_of "$step" >/dev/null || { echo "unknown step '$step'" >&2; list_steps >&2; exit 2; }
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=$(mkdir -p "${OUT:-device-out}" && cd "${OUT:-device-out}" && pwd)
+export OUT
+WORK=${TMPDIR:-/tmp}
+SITE=$WORK/oasr-site
+export OASR_JIT_DIR=$WORK/oasr-jit
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+fi
+export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$OASR_JIT_DIR"
+if [ -f .jitpack/jit.tar.xz ]; then
+    tar -xJf .jitpack/jit.tar.xz -C "$OASR_JIT_DIR"
+fi
+echo "JIT cache $OASR_JIT_DIR: $(find "$OASR_JIT_DIR" -name '*.so' | wc -l) kernels"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader || true
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+CENSUS=$(for f in benchmarks/census/*.json; do printf -- '--census %s ' "$f"; done)
+export CENSUS
+
+rc=0
+for step in "$@"; do
+    cmd=$(cmd_of "$step")
+    echo "== $step: $cmd"
+    start=$(date +%s)
+    if bash -o pipefail -c "$cmd" 2>&1 | tee "$OUT/$step.log"; then
+        echo "== $step: ok ($(( $(date +%s) - start )) s)"
+    else
+        rc=1
+        echo "== $step: FAILED ($(( $(date +%s) - start )) s), log $OUT/$step.log"
+    fi
+done
+exit $rc
