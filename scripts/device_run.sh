@@ -28,6 +28,13 @@ STEPS=(
     "e2e|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends eager,inductor,oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e.json"
     "e2e-relpos|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1027 --iters 20 --attention rel_pos --backends eager,inductor,oasr --out \$OUT/e2e_relpos.json"
     "e2e-large|python3 benchmarks/e2e_conformer.py --size L --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e_L_int8.json"
+    "heldout|OASR_TUNE_USER_DB=off python3 benchmarks/cost_model_heldout.py --out \$OUT/heldout.json"
+    "e2e-whisper|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_compare.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 5 --out \$OUT/e2e_whisper_small.json"
+    "e2e-conv|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_compare.py --model examples.conformer:build_model --model-args size=M,conv_impl=conv1d --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 5 --out \$OUT/e2e_conformer_conv1d.json"
+    "e2e-conv-linear|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_compare.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 5 --out \$OUT/e2e_conformer_linear.json"
+    "prewarm-budget|rm -rf \$TMPDIR/empty-jit \$TMPDIR/prewarm-udb && mkdir -m 700 \$TMPDIR/empty-jit && OASR_JIT_DIR=\$TMPDIR/empty-jit OASR_TUNE_USER_DB=\$TMPDIR/prewarm-udb python3 benchmarks/prewarm_budget.py --budget 60 --out \$OUT/prewarm_budget.json"
+    "autotune|python3 benchmarks/autotune_eager.py --size S --batches 1,4,8 --frames 300,1000 --space compiled --no-prebuild --out \$OUT/autotune_eager.json"
+    "gemm-rebuild|[ -d \$TMPDIR/gemm_ckpt ] || rm -f \$TMPDIR/gemm_build_log.jsonl; python3 -m oasr_ops tune build \$CENSUS --out system --fresh --thin --max-points 8 --max-fill 4 --rounds 3 --log \$TMPDIR/gemm_build_log.jsonl --checkpoint-dir \$TMPDIR/gemm_ckpt > \$OUT/build.json; cp \$TMPDIR/gemm_build_log.jsonl \$OUT/build_log.jsonl; cp db/sm90/gemm.json \$OUT/gemm.json  (writes db/; resumes from its checkpoints when run again on the same machine)"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
 )
 
@@ -61,7 +68,8 @@ done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=$(mkdir -p "${OUT:-device-out}" && cd "${OUT:-device-out}" && pwd)
 export OUT
-WORK=${TMPDIR:-/tmp}
+export TMPDIR=${TMPDIR:-/tmp}
+WORK=$TMPDIR
 SITE=$WORK/oasr-site
 export OASR_JIT_DIR=$WORK/oasr-jit
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -86,7 +86,7 @@ def emit_sm90(cfg: Config, dtype: str, epilogue_type: str, b_layout: L.LayoutTyp
         tile_scheduler=scheduler,
     )
     emitter = EmitGemmUniversal3xInstance()
-    # cutlass_library 4.2 reads a custom epilogue from the emitter, not the operation (notes/cutlass.md).
+    # cutlass_library 4.2 reads a custom epilogue from the emitter, not the operation.
     emitter.epilogue_functor = epilogue
     name = op.procedural_name()
     return EmittedKernel(name, emitter.emit(op), tuple(emitter.includes))

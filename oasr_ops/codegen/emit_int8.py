@@ -5,7 +5,7 @@ The scaled_mm family's counterpart of `emit.py` + `render.py` (which dispatches 
 K x N operand), D row-major M x N; int32 accumulation.
 
 * 3.x (`sm90_int8_wgmma`): the library's `EmitGemmUniversal3xInstance`, with the row x column scale EVT the
-  template declares as `OasrEVT` (notes/cutlass.md: the emitter reads a custom epilogue from itself).
+  template declares as `OasrEVT` (cutlass_library's emitter reads a custom epilogue from the emitter itself).
 * 2.x (`sm80_int8_mma`): cutlass_library's 2.x emitter has no epilogue-visitor kernel, so the kernel definition
   is written here from the same operation object (its procedural name, tile, warp and instruction shapes and the
   library's type tags), in the form cutlass_cppgen emits for a 2.x EVT: `DefaultGemmWithVisitor`.

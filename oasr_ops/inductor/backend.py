@@ -3,7 +3,7 @@
 Registered ONLY through the ``torch_dynamo_backends`` entry point in setup.py (``oasr =
 oasr_ops.inductor.backend:oasr_backend``), so ``torch.compile(m, backend="oasr")`` works after ``pip install``
 without importing oasr_ops first. Calling `torch._dynamo.register_backend` here as well would make Dynamo
-raise "duplicate name" (notes/torch-integration.md). A checkout that is not installed can pass the function
+raise "duplicate name". A checkout that is not installed can pass the function
 itself: ``torch.compile(m, backend=oasr_ops.inductor.backend.oasr_backend)``.
 
 ``torch.compile`` forwards ``mode`` and ``options`` to a non-Inductor backend as keyword arguments (only when

@@ -350,13 +350,47 @@ def _parse_model_args(items: Iterable[str]) -> dict[str, str]:
 
 
 def load_builder(spec: str) -> tuple[Callable[..., Any], Any]:
-    mod_name, sep, fn_name = spec.partition(":")
-    if not sep:
-        raise ValueError(f"--model expects module:function, got {spec!r}")
-    if os.getcwd() not in sys.path:  # `oasr tune census --model examples.conformer:...` from a checkout, as python -m
-        sys.path.insert(0, os.getcwd())
-    mod = importlib.import_module(mod_name)
-    return getattr(mod, fn_name), mod
+    """`--model`: `package.module:function` or `path/to/file.py:function` -> (the function, its module).
+
+    A file inside a package folder (its folder has __init__.py, like examples/conformer.py, which imports
+    `._common`) is imported under its dotted name. Folders are APPENDED to sys.path, never put first: a checkout
+    beside the current directory must not shadow the installed oasr_ops.
+    """
+    target, sep, fn_name = spec.rpartition(":")
+    if not sep or not target or not fn_name:
+        raise ValueError(f"--model expects module:function or path/to/file.py:function, got {spec!r}")
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        mod = _import_file(Path(target))
+    else:
+        if os.getcwd() not in sys.path:  # a module under the current directory, as `python -m` would find it
+            sys.path.append(os.getcwd())
+        try:
+            mod = importlib.import_module(target)
+        except ImportError as e:
+            raise ValueError(f"--model {spec!r}: cannot import {target!r} ({e}); give a module importable from "
+                             "here or a file path such as examples/conformer.py:build_model") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"--model {spec!r}: {mod.__name__} has no function {fn_name!r}")
+    return fn, mod
+
+
+def _import_file(path: Path) -> Any:
+    path = path.expanduser().resolve()
+    if not path.is_file() or path.suffix != ".py":
+        raise ValueError(f"--model: no Python file {path}")
+    parts, root = [path.stem], path.parent
+    while (root / "__init__.py").is_file():  # climb to the top package: relative imports need it
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.append(str(root))
+    name = ".".join(parts)
+    mod = importlib.import_module(name)
+    if Path(mod.__file__ or "").resolve() != path:
+        raise ValueError(f"--model: {name} resolves to {mod.__file__}, not {path} (another package named "
+                         f"{parts[0]!r} comes first on sys.path)")
+    return mod
 
 
 def build_for_census(builder: Callable[..., Any], args: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ the layout as the op: ``conv1d`` ([B, C, T]) or ``conv1d_btc`` ([B, T, C]), sinc
 them (as bmm's B layout is its op). The spec's exact point ``"BxT"`` is tried first, then regions over
 M = B * T (stride 1: T_out = T). Untuned: the lane default (policy ``default``): a direct kernel in the
 activation's own layout reads and writes each element about once, where cuDNN's `conv1D_NCHW_general` plus its
-NCHW<->NHWC conversions cost 1.5 ms per Conformer call on the H200 (notes/measured-2026-11-30.md);
+NCHW<->NHWC conversions cost 1.5 ms per Conformer call on the H200 (profile of a 768-wide Conformer, docs/perf/conv.md);
 benchmarks/conv1d.py measures the claim per shape.
 """
 from __future__ import annotations

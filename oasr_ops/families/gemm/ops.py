@@ -1,7 +1,7 @@
 """torch.library ops: schemas, fake (meta) functions, the CPU reference and the CUDA implementation.
 
 Registered with `torch.library.Library` (define + impl + register_fake), not the `custom_op` decorator, which
-costs ≈9 µs more per eager call (notes/torch-integration.md).
+costs ≈9 µs more per eager call (measured with torch 2.11).
 
 `oasr::gemm(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor`
   a: [..., K] fp16/bf16, w: [N, K] (nn.Linear.weight), bias: [N] or None, activation: none|relu|gelu|silu,

@@ -76,7 +76,7 @@ SM80_INT8_MMA = Int8Lane(
 
 # ---- CUTLASS 3.x TMA warp-specialized int8 W8A8 GEMM (wgmma s8 x s8 -> s32, IGMMA), sm90a only.
 # 
-# The epilogue is a visitor tree of stock pieces (notes/cutlass.md): an fp32 `Sm90ColBroadcast` of scale_a
+# The epilogue is a visitor tree of stock pieces: an fp32 `Sm90ColBroadcast` of scale_a
 # (indexed by m) times [an fp32 `Sm90RowBroadcast` of scale_w (indexed by n) times the int32 accumulator], plus an
 # optional bias row, rounded once to fp16/bf16 (or divided by out_scale, rounded and saturated to int8 for the
 # quantizing op). The broadcasts take `bool` strides, so per-tensor and per-token/per-channel scales share one
