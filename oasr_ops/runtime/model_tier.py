@@ -39,12 +39,39 @@ MIN_TORCH_US = 30.0
 _DTYPE = {"half": "fp16", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
 
 
+def _rungs() -> tuple[int, ...]:
+    """M values the tier answers at (the spec's bucket edges: step 8 up to 128, x sqrt(2) up to 1024, x2 up to
+    2^24). A call's M is rounded up to the next rung (M above the last takes the last), so the tier's answer is a
+    step function of M that a compiled graph can bake as a region table (`runtime.select.region_table`)."""
+    out = list(range(8, 129, 8))
+    m = 128.0
+    while m < 1024:
+        m *= 2 ** 0.5
+        out.append(min(1024, int(-(-m // 8) * 8)))
+    m2 = 1024
+    while m2 < 1 << 24:
+        m2 *= 2
+        out.append(m2)
+    return tuple(sorted(set(out)))
+
+
+RUNGS = _rungs()
+
+
+def rung(m: int) -> int:
+    """The rung M is answered at: the smallest rung >= M, or the last one."""
+    for r in RUNGS:
+        if r >= m:
+            return r
+    return RUNGS[-1]
+
+
 @functools.lru_cache(maxsize=64)
 def _calibration(family: str, arch: str, epoch: int) -> cost_model.Calibration | None:
     raw = database.model_params(family, arch)
-    if raw is None:
-        return None
-    return cost_model.from_json(raw)  # ValueError on a malformed section: the selector warns once, skips the tier
+    if not isinstance(raw, dict) or raw.get("kind") != cost_model.MODEL_KIND:
+        return None  # no model section, or another tool's parameters: the structure alone ranks
+    return cost_model.from_json(raw)  # ValueError on a malformed section of ours: the selector warns, skips the tier
 
 
 def candidate_ids(lane: Lane, arch: str, n: int, k: int, dtype: str | None = None) -> list[str]:
@@ -77,7 +104,7 @@ def choose(family: str, op: str, lane: Lane | None, m: int, n: int, k: int, dtyp
         return "torch"
     gate = GATE_CALIBRATED if cal is not None else GATE_UNCALIBRATED
     profile = arch_profile.reference_profile(arch)
-    m, act = max(int(m), 1), op.endswith("activation")
+    m, act = rung(max(int(m), 1)), op.endswith("activation")
     if cost_model.predict_us("torch", m, n, k, dt, profile, cal, activation=act) < MIN_TORCH_US:
         return "torch"
     return cost_model.choose(ids, m, n, k, dt, profile, cal, gate, activation=act)

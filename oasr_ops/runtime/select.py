@@ -241,7 +241,11 @@ def _model_tier(family: str, op: str, arch: str) -> PluginFn:
     """The built-in cost-model tier of a `modelled` family, as a plug-in bound to (family, op, arch)."""
     from . import model_tier
 
-    return lambda lane, m, n, k, dtype: model_tier.choose(family, op, lane, m, n, k, dtype, arch)
+    def tier(lane: Any, m: int, n: int, k: int, dtype: Any) -> str | None:
+        return model_tier.choose(family, op, lane, m, n, k, dtype, arch)
+
+    tier.rungs = model_tier.RUNGS  # a step function of M: region_table bakes it (see there)
+    return tier
 
 
 def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str) -> _Ctx:
@@ -426,12 +430,22 @@ def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | N
     if a is None:
         return [[None, _registry.get(family).no_arch]]
     ctx = _context(family, op, dtype, n, k, a)
-    beyond = ctx.fallback_const if (ctx.model is None and ctx.fallback_fn is None) else "auto"
     bps = sorted({m for _, regions, _ in ctx.chain for m, _ in regions if m is not None})
+    # The built-in model tier answers a step function of M (its rungs): bake it too, so a symbolic-M site whose
+    # every answer is cuBLAS stays an aten node. Any other M-dependent fallback is resolved per call ("auto").
+    rungs = getattr(ctx.model, "rungs", None) if ctx.fallback_fn is None else None
+    if rungs is not None:
+        bps = sorted(set(bps) | set(rungs))
+    beyond = ctx.fallback_const if (ctx.model is None and ctx.fallback_fn is None) else "auto"
     table: list[list] = []
     for b in bps + [None]:
         hit = _walk_db(ctx, float("inf") if b is None else b)
-        cfg = hit[0] if hit is not None else beyond
+        if hit is not None:
+            cfg = hit[0]
+        elif rungs is not None:
+            cfg = _fallback(ctx, rungs[-1] if b is None else b)[0]
+        else:
+            cfg = beyond
         if table and table[-1][1] == cfg:
             table[-1][0] = b  # same answer as the interval below: widen it
         else:
