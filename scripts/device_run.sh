@@ -17,6 +17,7 @@
 set -euo pipefail
 
 STEPS=(
+    "prebuild-all|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --all --jobs 16 --quiet"
     "gpu-suite|python3 -m pytest -m gpu -q -p no:cacheprovider tests"
     "quickstart|python3 examples/quickstart.py"
     "main|python3 examples/compile_conformer.py"
