@@ -36,6 +36,7 @@ STEPS=(
     "prewarm-budget|rm -rf \$TMPDIR/empty-jit \$TMPDIR/prewarm-udb && mkdir -m 700 \$TMPDIR/empty-jit && OASR_JIT_DIR=\$TMPDIR/empty-jit OASR_TUNE_USER_DB=\$TMPDIR/prewarm-udb python3 benchmarks/prewarm_budget.py --budget 60 --out \$OUT/prewarm_budget.json"
     "autotune|python3 benchmarks/autotune_eager.py --size S --batches 1,4,8 --frames 300,1000 --space compiled --no-prebuild --out \$OUT/autotune_eager.json"
     "gemm-rebuild|[ -d \$TMPDIR/gemm_ckpt ] || rm -f \$TMPDIR/gemm_build_log.jsonl; python3 -m oasr_ops tune build \$CENSUS --out system --fresh --thin --max-points 8 --max-fill 4 --rounds 3 --log \$TMPDIR/gemm_build_log.jsonl --checkpoint-dir \$TMPDIR/gemm_ckpt > \$OUT/build.json; cp \$TMPDIR/gemm_build_log.jsonl \$OUT/build_log.jsonl; cp db/sm90/gemm.json \$OUT/gemm.json  (writes db/; resumes from its checkpoints when run again on the same machine)"
+    "between|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log \$TMPDIR/gemm_build_log.jsonl --out \$OUT/between.json"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
 )
 
