@@ -23,7 +23,7 @@ def _rewrite_handler(ctx) -> None:
     for s in res.sites:
         op = "conv1d" if s.layout == "bct" else "conv1d_btc"
         ctx.record(s.signature, "conv1d", op, s.dtype, s.channels, s.kernel_width, s.rows, config=s.config,
-                   tier="", node=s.node, activation=s.activation, bias=True)
+                   tier=s.tier, node=s.node, activation=s.activation, bias=True)
     ctx.result.skipped.extend(res.skipped)
 
 

@@ -58,6 +58,7 @@ class ConvSite:
     node: str
     dtype: str = ""
     rows: Any = None  # M = B * T (int or SymInt): the DB's M axis for conv1d regions
+    tier: str = ""  # the tier that answered the baked config ("" when not baked)
 
 
 @dataclass
@@ -240,17 +241,19 @@ def _erase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         graph.erase_node(node)
 
 
-def _config(ctx: Any, dtype: torch.dtype, layout: str, c: int, kw: int, xv: torch.Tensor) -> str:
+def _config(ctx: Any, dtype: torch.dtype, layout: str, c: int, kw: int, xv: torch.Tensor) -> tuple[str, str]:
+    """(config, tier) to bake; ("auto", "") when not baking or B x T is symbolic (resolved per call)."""
     if not getattr(ctx, "bake", True):
-        return "auto"
+        return "auto", ""
     bsz = _static(xv.shape[0])
     t = _static(xv.shape[2] if layout == "bct" else xv.shape[1])
     if bsz is None or t is None:
-        return "auto"  # resolved per call (exact points need the concrete B x T)
+        return "auto", ""  # resolved per call (exact points need the concrete B x T)
     try:
-        return select_config(dtype, layout, c, kw, bsz, t, getattr(ctx, "arch", None)).config
+        sel = select_config(dtype, layout, c, kw, bsz, t, getattr(ctx, "arch", None))
     except Exception:  # no GPU and no OASR_ARCH: the op resolves at run time
-        return "auto"
+        return "auto", ""
+    return sel.config, sel.tier
 
 
 def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
@@ -283,7 +286,7 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             layout, src = "btc", x.args[0]
         back = _single_user(tail)
         transposed_back = layout == "btc" and _is_swap_12(back)
-        config = _config(ctx, xv.dtype, layout, c, kw, _val(src))
+        config, tier = _config(ctx, xv.dtype, layout, c, kw, _val(src))
 
         bld = _Builder(graph, conv)
         w2, b2 = _fold(bld, w, b, bn, c)
@@ -301,5 +304,5 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
         sv = _val(src)
         rows = sv.shape[0] * (sv.shape[2] if layout == "bct" else sv.shape[1])
         res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None, c, kw, config,
-                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows))
+                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier))
     return res
