@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..autograd import inference_only
 from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
 from ...configs import Config
 from ...runtime import database as _database
@@ -272,6 +273,7 @@ def _bmm_cuda(a, b, config):
 _lib.impl("bmm", _bmm_cpu, "CPU")
 _lib.impl("bmm", _bmm_cuda, "CUDA")
 torch.library.register_fake("oasr::bmm", _bmm_fake, lib=_lib)
+inference_only("oasr::bmm", _lib)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear

@@ -33,6 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from ..autograd import inference_only
 from ...configs import AUTO, DW_MAX_KW, Config, parse
 from ...runtime import database as _database
 from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
@@ -279,6 +280,7 @@ def _cuda(x, w, bias, padding, layout, activation, config):
 _lib.impl(OP, _cpu, "CPU")
 _lib.impl(OP, _cuda, "CUDA")
 torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
+inference_only(f"oasr::{OP}", _lib)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ...configs import Config, ConfigError
 from ...runtime import database as _database
+from ..autograd import inference_only
 from ...runtime.arch import current_arch_family
 from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
 from ...runtime.plans import format_table, parse_table, resolve_table  # noqa: F401  (re-exported)
@@ -91,12 +92,14 @@ def reference_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 
 def _gemm_cpu(a, w, bias, activation, config):
     _check(a, w, bias, activation)
+    _check_layout(a, w, bias)  # what CUDA rejects, CPU rejects: same input, same answer on every path
     check_config_arg(config)
     return reference_gemm(a, w, bias, activation)
 
 
 def _gemm_fake(a, w, bias, activation, config):
     _check(a, w, bias, activation)
+    check_config_arg(config)
     return a.new_empty((*a.shape[:-1], w.shape[0]))
 
 
@@ -232,6 +235,7 @@ def _gemm_cuda(a, w, bias, activation, config):
 _lib.impl("gemm", _gemm_cpu, "CPU")
 _lib.impl("gemm", _gemm_cuda, "CUDA")
 torch.library.register_fake("oasr::gemm", _gemm_fake, lib=_lib)
+inference_only("oasr::gemm", _lib)
 
 
 def served() -> list[Plan]:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import torch
 
+from ..autograd import inference_only
 from ...codegen.jit import BuildError, LoadError
 from ...configs import Config, ConfigError
 from ...runtime import database as _database
@@ -215,25 +216,44 @@ def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _lib.impl("quantize_per_token", _quantize_per_token, "CompositeImplicitAutograd")
 
 
+def _check_out_scale_values(out_scale: torch.Tensor) -> None:
+    """ValueError unless every out_scale is finite and > 0 (a NaN or 0 would quantize to garbage or zeros).
+
+    Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
+    torch.compile traces (there the values are not inspectable); eager calls are checked on every device."""
+    if out_scale.device.type == "cuda" and (torch.cuda.is_current_stream_capturing()
+                                            or torch.compiler.is_compiling()):
+        return
+    if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
+        raise ValueError("oasr.scaled_mm_quant: out_scale must be finite and > 0 everywhere, got "
+                         f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
+
+
 def _scaled_mm_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
     _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    _check_layout("scaled_mm", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias))
     check_config_arg(config, "scaled_mm")
     return reference_scaled_mm(a, w, scale_a, scale_w, bias, out_dtype)
 
 
 def _scaled_mm_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
     _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    _check_layout("scaled_mm_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                  ("bias", bias), ("out_scale", out_scale))
+    _check_out_scale_values(out_scale)
     check_config_arg(config, "scaled_mm_quant")
     return reference_scaled_mm_quant(a, w, scale_a, scale_w, bias, out_scale)
 
 
 def _scaled_mm_fake(a, w, scale_a, scale_w, bias, out_dtype, config):
     _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    check_config_arg(config, "scaled_mm")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
 def _scaled_mm_quant_fake(a, w, scale_a, scale_w, bias, out_scale, config):
     _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    check_config_arg(config, "scaled_mm_quant")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 
 
@@ -386,6 +406,8 @@ def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
     _check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
     _check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
                   ("out_scale", out_scale))
+    if out_scale is not None:
+        _check_out_scale_values(out_scale)
     n, k = w.shape
     m = _rows(a, k)
     if m == 0:
@@ -412,6 +434,8 @@ _lib.impl("scaled_mm_quant", _scaled_mm_quant_cpu, "CPU")
 _lib.impl("scaled_mm_quant", _scaled_mm_quant_cuda, "CUDA")
 torch.library.register_fake("oasr::scaled_mm", _scaled_mm_fake, lib=_lib)
 torch.library.register_fake("oasr::scaled_mm_quant", _scaled_mm_quant_fake, lib=_lib)
+inference_only("oasr::scaled_mm", _lib)
+inference_only("oasr::scaled_mm_quant", _lib)
 
 
 served = _PLANS.served

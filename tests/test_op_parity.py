@@ -1,0 +1,66 @@
+"""Same input, same answer on every path (issue 12): CPU rejects what CUDA rejects, fakes check the config,
+out_scale values are checked, and a backward through an inference op is one clear error, not a warning."""
+import warnings
+
+import pytest
+import torch
+
+import oasr_ops
+
+BF = torch.bfloat16
+
+
+def test_gemm_backward_is_a_clear_error_and_forward_does_not_warn():
+    a = torch.randn(4, 16, dtype=BF, requires_grad=True)
+    w = torch.randn(8, 16, dtype=BF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "no autograd kernel was registered" warning would raise here
+        y = oasr_ops.gemm(a, w)
+    with pytest.raises(RuntimeError, match="oasr.gemm has no backward"):
+        y.sum().backward()
+
+
+def test_bmm_and_conv_backward_are_clear_errors():
+    a = torch.randn(2, 8, 16, dtype=BF, requires_grad=True)
+    with pytest.raises(RuntimeError, match="oasr.bmm has no backward"):
+        oasr_ops.bmm(a, torch.randn(2, 16, 8, dtype=BF)).sum().backward()
+    x = torch.randn(2, 8, 32, dtype=BF, requires_grad=True)
+    with pytest.raises(RuntimeError, match="oasr.conv1d_depthwise has no backward"):
+        oasr_ops.conv1d_depthwise(x, torch.randn(8, 1, 3, dtype=BF)).sum().backward()
+
+
+def test_cpu_rejects_non_contiguous_like_cuda():
+    w = torch.randn(8, 16, dtype=BF)
+    with pytest.raises(ValueError, match="not contiguous"):
+        oasr_ops.gemm(torch.randn(16, 4, dtype=BF).t(), w)
+    q = torch.randint(-4, 4, (16, 4), dtype=torch.int8).t()
+    wq = torch.randint(-4, 4, (16, 16), dtype=torch.int8)
+    with pytest.raises(ValueError, match="not contiguous"):
+        oasr_ops.scaled_mm(q, wq, torch.ones(4), torch.ones(16))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])
+def test_out_scale_must_be_finite_and_positive(bad):
+    q = torch.randint(-4, 4, (4, 16), dtype=torch.int8)
+    wq = torch.randint(-4, 4, (16, 16), dtype=torch.int8)
+    with pytest.raises(ValueError, match="out_scale must be finite and > 0"):
+        oasr_ops.scaled_mm_quant(q, wq, torch.ones(4), torch.ones(16), torch.tensor([bad]))
+    per_row = torch.ones(4)
+    per_row[2] = bad
+    with pytest.raises(ValueError, match="out_scale"):
+        oasr_ops.scaled_mm_quant(q, wq, torch.ones(4), torch.ones(16), per_row)
+    ok = oasr_ops.scaled_mm_quant(q, wq, torch.ones(4), torch.ones(16), torch.tensor([0.5]))
+    assert ok.dtype == torch.int8 and ok.shape == (4, 16)
+
+
+def test_fakes_check_the_config_like_the_kernels():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, w = torch.empty(2, 16, dtype=BF), torch.empty(8, 16, dtype=BF)
+        with pytest.raises(ValueError, match="unknown config"):
+            torch.ops.oasr.gemm(a, w, None, "none", "t999x1x1_c1x1_coop")
+        assert torch.ops.oasr.gemm(a, w, None, "none", "auto").shape == (2, 8)
+        q, wq = torch.empty(2, 16, dtype=torch.int8), torch.empty(16, 16, dtype=torch.int8)
+        with pytest.raises(ValueError, match="config"):
+            torch.ops.oasr.scaled_mm(q, wq, torch.empty(2), torch.empty(16), None, torch.float16, "nonsense")
