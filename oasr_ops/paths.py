@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -90,3 +91,40 @@ def nvcc_version() -> str | None:
         return None
     lines = [ln.strip() for ln in out.splitlines() if "release" in ln or ln.startswith("Build")]
     return " ".join(lines) or out.strip()
+
+
+def write_text_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write `text` (+ a newline) to `path` so a reader sees the old file or the new one, never a torn one: a
+    temp file in the same directory, fsync, rename over `path`, fsync the directory. `mode`: the permission bits
+    to give the file (e.g. the replaced file's); None: 0644 minus the umask. Every writer of a file another
+    process may read at the same time uses this (tuning DB, autotune cache, ArchProfile cache)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:  # mode 0o644 here: the kernel applies the umask, with no process-wide umask juggling
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            continue
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass

@@ -198,10 +198,11 @@ def test_model_regret_on_the_h200_log_runs():
     if not os.path.exists(path):
         pytest.skip("no H200 build log in this checkout")
     recs = calibrate.read_log(path)
+    points = len({(r["signature"], r["m"]) for r in recs})  # the shipped log's distinct measured points
     cal = calibrate.fit(recs, H200, configs=False)
-    assert cal.torch is not None and cal.structure is not None and cal.meta["points"] == 180
+    assert cal.torch is not None and cal.structure is not None and cal.meta["points"] == points
     r = calibrate.model_regret(recs, cal, H200)
-    assert r["n"] == 180 and 0.0 <= r["geomean"] <= r["max"]
+    assert r["n"] == points and 0.0 <= r["geomean"] <= r["max"]
 
 
 # ---------------------------------------------------------------------------------------------- profiles
@@ -256,7 +257,9 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ap.json, "dump", boom)
+    from oasr_ops import paths
+
+    monkeypatch.setattr(paths.os, "fsync", boom)  # dies after writing the temp file, before the rename
     with pytest.raises(OSError):
         ap.write_cached(path, other)
     monkeypatch.undo()

@@ -111,3 +111,21 @@ class Candidate:
     def make_call(self, operands: Operands, copy: int = 0) -> Callable[[], Any]:
         """The zero-arg callable the bench times: one op call on `operands`, weight copy `copy`."""
         return self.bind(operands, self.config_at(operands.point), copy)
+
+
+def lane_candidates(lane: Any, bind: Callable[..., Any], gate: Gate, n: int, k: int,
+                    arch: str) -> list[Candidate]:
+    """``torch`` (cuBLAS, the fallback), then every config of `lane` that is statically feasible for (N, K) on
+    `arch`, the lane default first; the default and the coverage basis are the cheap ones prewarm may time.
+    `lane` None: ``torch`` only. Shared by the families whose arms are plain configs of one lane."""
+    out = [Candidate("torch", bind, gate, host="torch", fallback=True)]
+    if lane is None:
+        return out
+    cheap = {lane.default.id, *(c.id for c in lane.coverage_basis)}
+    for c in (lane.default, *(c for c in lane.space if c != lane.default)):
+        if lane.infeasible_reason(c, n=n, k=k, arch_family=arch) is not None:
+            continue
+        out.append(Candidate(
+            c.id, bind, gate, host="oasr", prewarm=c.id in cheap,
+            infeasible=lambda p, c=c: lane.infeasible_reason(c, m=p.m, n=n, k=k, arch_family=arch)))
+    return out

@@ -15,9 +15,7 @@ Importing this module neither imports torch nor initialises CUDA.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -187,19 +185,7 @@ def write_cached(path: Path, profile: ArchProfile) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock", timeout=60):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(profile.to_dict(), f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        paths.write_text_atomic(path, json.dumps(profile.to_dict(), indent=1, sort_keys=True))
 
 
 def read_cached(path: Path) -> ArchProfile | None:

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import paths
 from ..configs import SENTINELS, ConfigError, parse
 from ..runtime.database import parse_signature
 from .shapes import bucket_of
@@ -293,7 +293,8 @@ class ResultCache:
             out: dict[str, dict[str, list]] = {}
             for (sig, b), lst in sorted(merged.items()):
                 out.setdefault(sig, {})[str(b)] = [r.as_json() for r in lst]
-            _atomic_write(path, {"version": VERSION, "arch": self.arch, "env": current_env(), "results": out})
+            paths.write_text_atomic(path, json.dumps({"version": VERSION, "arch": self.arch, "env": current_env(),
+                                                      "results": out}, indent=1))
         finally:
             lock.release()
         with self._lock:
@@ -304,20 +305,3 @@ class ResultCache:
                 else:
                     self._new.pop(key, None)
         return sum(len(v) for v in new.values())
-
-
-def _atomic_write(path: Path, doc: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
 import warnings
@@ -208,41 +207,6 @@ def _remove_orphans(path: Path) -> None:
             pass
 
 
-def _atomic_write(path: Path, text: str, mode: int | None) -> None:
-    """Temp file in the same directory, fsync, rename over `path`, fsync the directory. `mode`: the permission
-    bits to give the file (the replaced file's); None: 0644 minus the umask."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:  # mode 0o644 here: the kernel applies the umask, with no process-wide umask juggling
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            continue
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def _aside_path(path: Path) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
@@ -348,7 +312,7 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
         if len(text.encode("utf-8")) + 1 > MAX_FILE_BYTES:
             raise ValueError(f"{path} would be over the {MAX_FILE_BYTES}-byte cap readers accept; nothing written")
         _remove_orphans(path)
-        _atomic_write(path, text, mode)
+        paths.write_text_atomic(path, text, mode)
     finally:
         lock.release()
     return path

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...runtime.registry import native_lane
-from ..candidate import Candidate, Gate, Operands
+from ..candidate import Candidate, Gate, Operands, lane_candidates
 
 FAMILY = "bmm"
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "half": "float16"}
@@ -26,20 +26,9 @@ def _bind(o: Operands, config: str, copy: int):
 
 
 def candidates(parts: Any, arch: str) -> list[Candidate]:
-    gate = Gate("tolerance", baseline="torch")
-    out = [Candidate("torch", _bind, gate, host="torch", fallback=True)]
-    lane = native_lane(arch, FAMILY)
-    if lane is None:
-        return out
-    cheap = {lane.default.id, *(c.id for c in lane.coverage_basis)}
-    n, k = parts.n, parts.k
-    for c in (lane.default, *(c for c in lane.space if c != lane.default)):
-        if lane.infeasible_reason(c, n=n, k=k, arch_family=arch) is not None:
-            continue
-        out.append(Candidate(
-            c.id, _bind, gate, host="oasr", prewarm=c.id in cheap,
-            infeasible=lambda p, c=c: lane.infeasible_reason(c, m=p.m, n=n, k=k, arch_family=arch)))
-    return out
+    """torch, the lane default, then the rest of the bmm lane's space (statically feasible for N, K)."""
+    return lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
+                           arch)
 
 
 def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:

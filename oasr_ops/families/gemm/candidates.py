@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ...runtime.registry import native_lane
-from ..candidate import Candidate, Gate, Operands
+from ..candidate import Candidate, Gate, Operands, lane_candidates
 
 FAMILY = "gemm"
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "half": "float16"}
@@ -35,21 +35,8 @@ def _bind(act: str):
 
 def candidates(parts: Any, arch: str) -> list[Candidate]:
     """torch, the lane default, then the rest of the native lane's space (statically feasible for N, K)."""
-    bind = _bind(activation(parts.op))
-    gate = Gate("tolerance", baseline="torch")
-    out = [Candidate("torch", bind, gate, host="torch", fallback=True)]
-    lane = native_lane(arch, FAMILY)
-    if lane is None:
-        return out
-    cheap = {lane.default.id, *(c.id for c in lane.coverage_basis)}
-    n, k = parts.n, parts.k
-    for c in (lane.default, *(c for c in lane.space if c != lane.default)):
-        if lane.infeasible_reason(c, n=n, k=k, arch_family=arch) is not None:
-            continue
-        out.append(Candidate(
-            c.id, bind, gate, host="oasr", prewarm=c.id in cheap,
-            infeasible=lambda p, c=c: lane.infeasible_reason(c, m=p.m, n=n, k=k, arch_family=arch)))
-    return out
+    return lane_candidates(native_lane(arch, FAMILY), _bind(activation(parts.op)), Gate("tolerance", baseline="torch"),
+                           parts.n, parts.k, arch)
 
 
 def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:
