@@ -1,5 +1,5 @@
 """The candidate interface: one thing a tuner can time at a point (Inductor's ``ChoiceCaller``, FlashInfer's
-``TunableRunner``). `oasr_ops.tune.candidates` consumes it (build, prewarm, evaluate, later autotune); a family
+``TunableRunner``). `oasr_ops.tune.candidates` consumes it (build, pruning, prebuild --census, prewarm, autotune); a family
 produces it from its registry spec:
 
     handlers["candidates"](sig_parts, arch) -> list[Candidate]   # every arm of one signature (statically feasible)

@@ -1,4 +1,4 @@
-"""Config selection, the one layer every family uses: user ▸ system ▸ cost model ▸ the family's policy, memoised
+"""Config selection, the one layer every family uses: (autotune ▸) user ▸ system ▸ model ▸ the family's policy, memoised
 per epoch, then the family's serving rules. A family supplies only its policy, through its `FamilySpec`.
 
 `select_config(family, op, dtype, n, k, m, arch=None) -> Selection(config, tier, signature)`:
@@ -6,8 +6,11 @@ per epoch, then the family's serving rules. A family supplies only its policy, t
 * The DB tiers are walked as `database.chain` orders them (user/dt-specific, user/half, system/dt-specific,
   system/half); each entry rounds M up to a region and falls through where it does not cover M. A DB config
   that the lane's static feasibility rules reject for (N, K, arch) is warned about once and treated as a hole.
-* Then the cost-model tier (`register_cost_model(family, fn)`, fn(lane, m, n, k, dtype) -> id | None; absent by
-  default; ``OASR_TUNE_MODEL_FALLBACK=0`` turns it off), then the family fallback: for gemm the native lane's
+* Then the cost-model tier, tier ``model``: a registered plug-in (`register_cost_model(family, fn)`,
+  fn(lane, m, n, k, dtype) -> id | None), else for a family whose spec is ``modelled`` (gemm, bmm) the built-in
+  `model_tier` (cuBLAS unless a compiled config is predicted to win; answers on M rungs, which `region_table`
+  bakes); ``OASR_TUNE_MODEL_FALLBACK=0`` turns it off. Ahead of every DB tier, while an `oasr_ops.autotune()`
+  context is active, its results (tier ``autotune``, installed with `set_autotune`). Then the family fallback: for gemm the native lane's
   default id (the sentinel ``"default"`` where no lane runs), for bmm ``"torch"``, for scaled_mm* a registered
   fallback plug-in (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
 * ``OASR_GEMM_HEURISTIC=0``: every gemm shape gets the lane default, tier ``default``.

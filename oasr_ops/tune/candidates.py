@@ -1,4 +1,4 @@
-"""The candidate interface as the offline tools consume it (build, prewarm, evaluate; later autotune).
+"""The candidate interface as the offline tools consume it (build, pruning, prebuild --census, prewarm, autotune).
 
 A family supplies, through its registry spec (`oasr_ops.runtime.registry.FamilySpec.handlers`):
 
