@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "manifests" / "librispeech_like_200.jsonl"
 FFN1 = "gemm|op=gemm_activation|dt=half|N=1024|K=256"   # Conformer S: Linear(d, 4d) + SiLU
 FFN2 = "gemm|op=gemm|dt=half|N=256|K=1024"
+DW = "conv1d|op=conv1d_btc|dt=half|N=256|K=31"     # the depthwise conv of the convolution module
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,10 @@ def test_conformer_census_signatures_and_weights(conformer_census):
     sigs = doc["signatures"]
     d = 256
     assert set(sigs) == {FFN1, FFN2, "gemm|op=gemm|dt=half|N=768|K=256", "gemm|op=gemm|dt=half|N=256|K=256",
-                         "gemm|op=gemm|dt=half|N=512|K=256", "gemm|op=gemm|dt=half|N=256|K=4864"}
+                         "gemm|op=gemm|dt=half|N=512|K=256", "gemm|op=gemm|dt=half|N=256|K=4864",
+                         # the convolution module's depthwise nn.Conv1d (d channels, kernel 31) on [B, T, C]
+                         # activations: the conv1d family's rewrite handler records it like any site
+                         DW}
     assert (sigs[FFN1]["n"], sigs[FFN1]["k"]) == (4 * d, d) and sigs[FFN1]["dtypes"] == ["bf16"]
     pts = {p["m"]: p for p in sigs[FFN1]["points"]}
     assert all(p["must_tune"] for p in pts.values())

@@ -121,7 +121,7 @@ def test_census_model_errors(home, capsys):
             "--out", str(out)]
     _usage_error(home, capsys, [*base, "--model", "no_such_module_xyz:build"], "--model", "cannot import",
                  "no_such_module_xyz")
-    _usage_error(home, capsys, [*base, "--model", "examples.conformer:no_builder"], "has no 'no_builder'")
+    _usage_error(home, capsys, [*base, "--model", "examples.conformer:no_builder"], "has no function 'no_builder'")
     _usage_error(home, capsys, [*base, "--model", "examples.conformer"], "module:function")
     _usage_error(home, capsys, [*base, "--model", "examples.conformer:build_model", "--model-args", "bogus=1"],
                  "--model-args", "bogus")

@@ -152,7 +152,10 @@ def test_dw_grammar_round_trips_and_keeps_gemm_ids():
 def test_lane_is_registered_and_feasible():
     spec = registry.get("conv1d")
     assert spec.ops == ("conv1d", "conv1d_btc") and spec.exact_points and spec.policy == "default"
-    assert "rewrite" not in spec.handlers  # the lead wires the matcher
+    # the depthwise matcher is wired into the graph pass as the family's rewrite handler
+    from oasr_ops.families import conv1d as fam
+
+    assert spec.handlers.get("rewrite") is fam._rewrite_handler
     for arch in ("sm80", "sm86", "sm89", "sm90"):
         assert spec.native_lane(arch) is LANE
         for c in LANE.space:

@@ -73,9 +73,16 @@ def test_sigkill_mid_write_leaves_a_parseable_file(tmp_path):
     path = tmp_path / "sm90" / "gemm.json"
     rng = random.Random(1234)
     kills = 0
-    for _ in range(12):
+    for attempt in range(12):
         p = ctx.Process(target=_looping_writer, args=(str(tmp_path),))
         p.start()
+        if attempt == 0:
+            # The first writer is killed only after one write has landed (polling, up to 120 s): on a loaded
+            # 2-core box a publish of 1500 entries can take longer than every random delay below, and then no
+            # kill would ever find a file to check. The other eleven are killed at random times as before.
+            deadline = time.monotonic() + 120
+            while not path.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         time.sleep(0.15 + rng.random() * 0.5)
         os.kill(p.pid, signal.SIGKILL)
         p.join()

@@ -229,7 +229,10 @@ def test_fuzz(env, mutator):
         exercise(env, mutator(rng), rng)
 
 
-def test_huge_sparse_file(env):
+def test_huge_sparse_file(env, monkeypatch):
+    # The subject is the size cap: the file is skipped with a warning and selection falls back to the family's
+    # policy. The built-in cost-model tier is turned off so that fallback is the lane default ("default").
+    monkeypatch.setenv("OASR_TUNE_MODEL_FALLBACK", "0")
     with open(env.path, "wb") as f:
         f.truncate(1 << 30)
     db.reload()

@@ -29,6 +29,16 @@ def env(tuning_env):
         sel.register_fallback(fam, None)
 
 
+@pytest.fixture
+def model_off(env, monkeypatch):
+    """The built-in cost-model tier off (OASR_TUNE_MODEL_FALLBACK=0, its documented switch): these tests' subject
+    is the DB tiers and the family's policy, which the model tier (gemm/bmm are `modelled`) would otherwise answer
+    for every uncovered shape. tests/test_model_tier.py tests the tier itself."""
+    monkeypatch.setenv("OASR_TUNE_MODEL_FALLBACK", "0")
+    db.reload()
+    return env
+
+
 def write_db(root, family, entries, *, arch="sm90", lane=LANE):
     doc = {"schema": 2, "kernel_family": family, "arch_family": arch, "lane": lane,
            "validators": val.current_soft_validators(lane), "configs": {}, "entries": entries}
@@ -42,7 +52,7 @@ def pick(m, dtype="fp16", n=512, k=256, op="gemm", family="gemm"):
     return sel.select_config(family, op, dtype, n, k, m)
 
 
-def test_tiers_in_order(env):
+def test_tiers_in_order(env, model_off):
     write_db(env.user, "gemm", {SIG: {"regions": [[128, C]]}})
     write_db(env.system, "gemm", {SIG: {"regions": [[1024, A]]}})
     db.reload()
@@ -125,7 +135,7 @@ def test_no_gpu_no_arch_is_default(env, monkeypatch):
     assert sel.select_config("scaled_mm", "scaled_mm", "int8", 8, 8, 8).tier == "default"
 
 
-def test_arch_without_lane(env):
+def test_arch_without_lane(env, model_off):
     assert sel.select_config("gemm", "gemm", "fp16", 512, 256, 1, arch="sm70") == \
         sel.Selection("default", "default", "gemm|op=gemm|dt=fp16|N=512|K=256")
     assert pick(1, family="gemm").config == DEFAULT
@@ -133,7 +143,7 @@ def test_arch_without_lane(env):
     assert sel.select_config("gemm", "gemm", "fp16", 512, 256, 1, arch="8.0").config == sm80
 
 
-def test_infeasible_db_config_falls_through(env):
+def test_infeasible_db_config_falls_through(env, model_off):
     write_db(env.system, "gemm", {"gemm|op=gemm|dt=half|N=516|K=256": {"regions": [[None, A]]}})
     db.reload()
     with pytest.warns(db.TuningDBWarning, match="cannot serve"):
@@ -160,7 +170,7 @@ def test_memo_and_epochs(env, monkeypatch):
     assert p.exists()
 
 
-def test_counts_per_call(env):
+def test_counts_per_call(env, model_off):
     write_db(env.system, "gemm", {SIG: {"regions": [[100, A]]}})
     db.reload()
     for _ in range(5):

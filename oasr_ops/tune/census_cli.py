@@ -87,6 +87,8 @@ def _load_model_for_cli(spec: str, model_args: dict[str, str]) -> tuple[Callable
         raise UsageError(f"--model {spec}: module {mod_name!r} has no {fn_name!r}") from None
     except ImportError as e:
         raise UsageError(f"--model {spec}: cannot import {mod_name!r} ({e})") from None
+    except ValueError as e:  # load_builder's own checks (cannot import, no such function or file): they name --model
+        raise UsageError(str(e)) from None
     if not callable(builder):
         raise UsageError(f"--model {spec}: {fn_name!r} is not callable")
     try:
