@@ -97,14 +97,23 @@ def choose(family: str, op: str, lane: Lane | None, m: int, n: int, k: int, dtyp
     """The model tier's answer for one shape: a config id of `lane`, ``torch``, or None (no opinion: no lane)."""
     if lane is None:
         return None
-    dt = _DTYPE.get(str(dtype), "fp16")
-    cal = _calibration(family, arch, database.epoch())
+    # One evaluation per rung (and DB epoch): every M of a rung gets the same answer, so a stream of distinct Ms
+    # (a dynamic-shape server) costs one model evaluation per rung, not one per M.
+    return _choose_at_rung(family, op, lane.name, rung(max(int(m), 1)), n, k, _DTYPE.get(str(dtype), "fp16"),
+                           arch, database.epoch())
+
+
+@functools.lru_cache(maxsize=65536)
+def _choose_at_rung(family: str, op: str, lane_name: str, m: int, n: int, k: int, dt: str, arch: str,
+                    epoch: int) -> str:
+    lane = registry.get_lane(lane_name)
+    cal = _calibration(family, arch, epoch)
     ids = candidate_ids(lane, arch, n, k, dt if dt in ("fp16", "bf16") else None)
     if not ids:
         return "torch"
     gate = GATE_CALIBRATED if cal is not None else GATE_UNCALIBRATED
     profile = arch_profile.reference_profile(arch)
-    m, act = rung(max(int(m), 1)), op.endswith("activation")
+    act = op.endswith("activation")
     if cost_model.predict_us("torch", m, n, k, dt, profile, cal, activation=act) < MIN_TORCH_US:
         return "torch"
     return cost_model.choose(ids, m, n, k, dt, profile, cal, gate, activation=act)
