@@ -55,6 +55,14 @@ def family_production_configs(family: str, arch_family: str) -> list[Config]:
     return [] if lane is None else production_configs(lane, arch_family)
 
 
+def prebuild_choice(lane: Lane, arch_family: str, all_: bool, configs: list[Config] | None = None) -> list[Config]:
+    """What `oasr tune prebuild` compiles of `lane`: the given `configs` that are in it, else its whole space
+    (`all_`), else its family's production set."""
+    if configs is not None:
+        return [c for c in configs if c in lane.space]
+    return list(lane.space) if all_ else production_configs(lane, arch_family)
+
+
 _LOCK = threading.Lock()
 _IDS: dict[tuple, frozenset[str]] = {}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ...codegen.jit import JitSpec
 from ...configs import Config
+from ...runtime.production import prebuild_choice
 from ...runtime.registry import native_lane
-from ..gemm.kernels import production_configs
 from .lanes import B_MAJORS, kernel_variant
 
 
@@ -14,9 +14,6 @@ def prebuild_specs(arch: str, all_: bool, dtypes: tuple[str, ...], configs: list
     lane = native_lane(arch, "bmm")
     if lane is None:
         return []
-    if configs is not None:
-        chosen = [c for c in configs if c in lane.space]
-    else:
-        chosen = list(lane.space) if all_ else production_configs(lane, arch)
+    chosen = prebuild_choice(lane, arch, all_, configs)
     return [JitSpec.for_kernel(lane, c, kernel_variant(dt, mj), arch) for c in chosen for dt in dtypes
             for mj in B_MAJORS]

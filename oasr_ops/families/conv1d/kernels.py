@@ -8,7 +8,8 @@ import torch
 from ...codegen.jit import JitSpec, KernelCache, KernelLibrary, load_launcher
 from ...codegen.render_conv1d import DWCONV_ABI_VERSION, LAYOUTS, dw_variant
 from ...configs import Config, Lane
-from ..gemm.kernels import production_configs as _gemm_rule
+from ...runtime.production import prebuild_choice
+from ...runtime.production import production_configs as _gemm_rule
 
 DTYPES = ("fp16", "bf16")
 _NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -33,10 +34,7 @@ def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYP
     lane = native_lane(arch, "conv1d")
     if lane is None:
         return []
-    if configs is not None:
-        chosen = [c for c in configs if c in lane.space]
-    else:
-        chosen = list(lane.space) if all_ else production_configs(lane, arch)
+    chosen = prebuild_choice(lane, arch, all_, configs)
     return [JitSpec.for_kernel(lane, c, dw_variant(dt, lay), arch) for c in chosen for dt in dtypes
             for lay in LAYOUTS]
 

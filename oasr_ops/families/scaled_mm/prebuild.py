@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...codegen.jit import JitSpec
 from ...configs import Config
+from ...runtime.production import prebuild_choice
 from ...runtime.registry import native_lane
 from . import ops as _ops
 
@@ -14,10 +15,7 @@ def prebuild_specs(arch: str, all_: bool, dtypes: tuple[str, ...], configs: list
     lane = native_lane(arch, _ops.FAMILY)
     if lane is None:
         return []
-    if configs is not None:
-        chosen = [c for c in configs if c in lane.space]
-    else:
-        chosen = list(lane.space) if all_ else _ops.production_configs(arch)
+    chosen = prebuild_choice(lane, arch, all_, configs)  # production set: the generic rule + heuristic tiles
     specs = [JitSpec.for_kernel(lane, c, dt, arch) for c in chosen for dt in dtypes]
     # the quantizing launcher (int8 output) exists for data-parallel tiles only
     specs += [JitSpec.for_kernel(lane, c, "int8", arch) for c in chosen if c.kernel_schedule != "streamk"]
