@@ -3,8 +3,8 @@ vs `F.conv1d` (cuDNN) as Inductor runs it, at the Conformer conv-module shapes o
 
     python benchmarks/conv1d.py --out conv1d.json [--reps 15] [--kws 15 31] [--dtypes fp16 bf16]
 
-Shapes: C = d_model of Conformer S/M/L (256/512/1024, plus 768: the measured encoder of
-notes/measured-2026-11-30.md), Kw in --kws, (B, T') from benchmarks/census/conformer_{S,M,L}_offline.json keys
+Shapes: C = d_model of Conformer S/M/L (256/512/1024, plus 768: the width of the encoder whose
+profile motivated this family), Kw in --kws, (B, T') from benchmarks/census/conformer_{S,M,L}_offline.json keys
 with traffic (T' = output_frames(frames)), plus B=8 T'=200 (8 s). Per shape, fp16/bf16:
 
 * ``cudnn_bct``: ``F.conv1d(x[B, C, T], w, b, groups=C)`` + SiLU — what the conv1d form runs (no layout change);
