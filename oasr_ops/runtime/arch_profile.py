@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
+from .arch import normalize_arch
 
 DTYPES = ("fp16", "bf16", "int8", "fp8")
 PROFILE_SCHEMA = 1
@@ -129,17 +130,9 @@ REFERENCE_SKU = {"sm80": "NVIDIA A100-SXM4-80GB", "sm89": "NVIDIA L40S", "sm90":
                  "sm100": "NVIDIA B200", "sm120": "NVIDIA GeForce RTX 5090"}
 
 
-def _norm_arch(arch_family: str) -> str:
-    s = str(arch_family).strip().lower().replace("_", "")
-    m = re.match(r"^(?:sm)?(\d{2,3})a?$", s) or re.match(r"^(\d+)\.(\d)a?$", s)
-    if not m:
-        raise ValueError(f"not an arch family: {arch_family!r} (expected e.g. 'sm90')")
-    return "sm" + "".join(m.groups())
-
-
 def reference_profile(arch_family: str) -> ArchProfile:
     """The static profile of the family's reference SKU. ValueError for a family without one."""
-    a = _norm_arch(arch_family)
+    a = normalize_arch(arch_family)
     if a not in REFERENCE_SKU:
         raise ValueError(f"no reference SKU for {a} (known: {', '.join(sorted(REFERENCE_SKU))})")
     return STATIC_PROFILES[REFERENCE_SKU[a]]
@@ -325,7 +318,7 @@ def current_profile(arch_family: str | None = None, *, probe: bool = True) -> Ar
     its probe (from the cache; measured and cached first when absent and `probe` is True, which takes ~10 s);
     otherwise the device's static entry, else the family's static reference profile. ValueError with neither
     a GPU nor a family. A probe that fails falls back the same way."""
-    fam = _norm_arch(arch_family) if arch_family else None
+    fam = normalize_arch(arch_family) if arch_family else None
     try:
         import torch
 

@@ -36,9 +36,6 @@ GATE_CALIBRATED = 0.20
 GATE_UNCALIBRATED = 0.30
 MIN_TORCH_US = 30.0
 
-_DTYPE = {"half": "fp16", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
-
-
 def _rungs() -> tuple[int, ...]:
     """M values the tier answers at (the spec's bucket edges: step 8 up to 128, x sqrt(2) up to 1024, x2 up to
     2^24). A call's M is rounded up to the next rung (M above the last takes the last), so the tier's answer is a
@@ -99,7 +96,7 @@ def choose(family: str, op: str, lane: Lane | None, m: int, n: int, k: int, dtyp
         return None
     # One evaluation per rung (and DB epoch): every M of a rung gets the same answer, so a stream of distinct Ms
     # (a dynamic-shape server) costs one model evaluation per rung, not one per M.
-    return _choose_at_rung(family, op, lane.name, rung(max(int(m), 1)), n, k, _DTYPE.get(str(dtype), "fp16"),
+    return _choose_at_rung(family, op, lane.name, rung(max(int(m), 1)), n, k, arch_profile.normalize_dtype(dtype),
                            arch, database.epoch())
 
 
@@ -117,18 +114,3 @@ def _choose_at_rung(family: str, op: str, lane_name: str, m: int, n: int, k: int
     if cost_model.predict_us("torch", m, n, k, dt, profile, cal, activation=act) < MIN_TORCH_US:
         return "torch"
     return cost_model.choose(ids, m, n, k, dt, profile, cal, gate, activation=act)
-
-
-def explain(family: str, op: str, m: int, n: int, k: int, dtype: Any, arch: str) -> list[tuple[str, float]]:
-    """The ranking behind an answer, fastest first, ``torch`` included (for reports and `oasr tune status`)."""
-    lane = registry.native_lane(arch, family)
-    if lane is None:
-        return []
-    dt = _DTYPE.get(str(dtype), "fp16")
-    cal = _calibration(family, arch, database.epoch())
-    profile = arch_profile.reference_profile(arch)
-    act = op.endswith("activation")
-    ranked = cost_model.rank(candidate_ids(lane, arch, n, k), max(int(m), 1), n, k, dt, profile, cal, activation=act)
-    ranked.append(("torch", cost_model.predict_us("torch", max(int(m), 1), n, k, dt, profile, cal, activation=act)))
-    return sorted(ranked, key=lambda r: r[1])
-

@@ -129,10 +129,6 @@ def get(name: str) -> FamilySpec:
         raise ValueError(f"unknown kernel family {name!r}; known: {sorted(_FAMILIES)}") from None
 
 
-def family_ops() -> dict[str, tuple[str, ...]]:
-    return {name: spec.ops for name, spec in _FAMILIES.items()}
-
-
 def lanes() -> dict[str, Lane]:
     """Every lane of every family, by name."""
     return dict(_LANES)

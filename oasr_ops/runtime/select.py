@@ -213,11 +213,6 @@ def _feasible_regions(regions, lane, n: int, k: int, arch: str, sig: str):
     return tuple(out)
 
 
-def _policy_sentinel(spec: _registry.FamilySpec) -> str:
-    """The sentinel an untuned shape gets under the family's policy (see `registry.FamilySpec.policy`)."""
-    return spec.policy
-
-
 def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: str) -> _Ctx:
     spec = _registry.get(family)
     lane = spec.native_lane(arch)
@@ -236,7 +231,7 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
     fb = None if heuristic_off else _FALLBACKS.get(family)
     const = None
     if fb is None:
-        const = lane.default.id if (lane is not None and spec.policy == "default") else _policy_sentinel(spec)
+        const = lane.default.id if (lane is not None and spec.policy == "default") else spec.policy
     return _Ctx(family, op, dtype, n, k, arch, sig, lane, chain, model, fb, const, spec.fallback_tier)
 
 
@@ -298,8 +293,8 @@ def _fallback(ctx: _Ctx, m: int) -> tuple[str, str]:
         cfg = _call_plugin("fallback", ctx.fallback_fn, ctx, m)
         if cfg is not None:
             return cfg, ctx.fallback_tier
-        return _policy_sentinel(_registry.get(ctx.family)), ctx.fallback_tier
-    return ctx.fallback_const or _policy_sentinel(_registry.get(ctx.family)), ctx.fallback_tier
+        return _registry.get(ctx.family).policy, ctx.fallback_tier
+    return ctx.fallback_const or _registry.get(ctx.family).policy, ctx.fallback_tier
 
 
 def _resolve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None,

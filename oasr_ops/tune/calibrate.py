@@ -23,6 +23,7 @@ import numpy as np
 from ..configs import ConfigError, parse
 from ..runtime import cost_model as cm
 from ..runtime.arch_profile import ArchProfile, normalize_dtype, reference_profile
+from ..runtime.database import parse_signature
 from .evaluate import evaluate, read_log
 
 _DT = {"half": "fp16", "fp16": "fp16", "bf16": "bf16"}
@@ -58,14 +59,10 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
 
 def _sig_shape(sig: str) -> tuple[bool, str, int, int] | None:
     """`gemm|op=gemm_activation|dt=half|N=1024|K=256` -> (activation, dtype, N, K); None for other families."""
-    parts = sig.split("|")
-    if parts[0] != "gemm":
+    parts = parse_signature(sig)
+    if parts is None or parts.family != "gemm":
         return None
-    kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    try:
-        return kv.get("op") == "gemm_activation", _DT[kv.get("dt", "half")], int(kv["N"]), int(kv["K"])
-    except (KeyError, ValueError):
-        return None
+    return parts.op == "gemm_activation", _DT[parts.dt], parts.n, parts.k
 
 
 def _rows(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, int, int, bool, str, str, float]]:

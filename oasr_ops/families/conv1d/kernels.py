@@ -9,7 +9,6 @@ from ...codegen.jit import JitSpec, KernelCache, KernelLibrary, load_launcher
 from ...codegen.render_conv1d import DWCONV_ABI_VERSION, LAYOUTS, dw_variant
 from ...configs import Config, Lane
 from ...runtime.production import prebuild_choice
-from ...runtime.production import production_configs as _gemm_rule
 
 DTYPES = ("fp16", "bf16")
 _NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -17,12 +16,6 @@ _NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 def variant_for(dtype: torch.dtype, layout: str) -> str:
     return dw_variant(_NAMES[dtype], layout)
-
-
-def production_configs(lane: Lane, arch: str) -> list[Config]:
-    """Lane default + coverage basis + what the tuning DB's conv1d files reference (the gemm family's rule;
-    ``OASR_GEMM_COMPILE_SET=all`` compiles the whole space)."""
-    return _gemm_rule(lane, arch)
 
 
 def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYPES,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ...codegen.jit import JitSpec
 from ...configs import Config
-from .kernels import lanes_for, production_configs, specs_for
+from ...runtime.production import prebuild_choice
+from .kernels import lanes_for, specs_for
 
 
 def prebuild_specs(arch: str, all_: bool, dtypes: tuple[str, ...], configs: list[Config] | None = None
@@ -18,6 +19,5 @@ def prebuild_specs(arch: str, all_: bool, dtypes: tuple[str, ...], configs: list
                 specs += specs_for(lane, [c], dtypes, arch)
         return specs
     for lane in lanes:
-        chosen = list(lane.space) if all_ else production_configs(lane, arch)
-        specs += specs_for(lane, chosen, dtypes, arch)
+        specs += specs_for(lane, prebuild_choice(lane, arch, all_), dtypes, arch)
     return specs
