@@ -1,6 +1,6 @@
 """`oasr.gemm(config="auto")` vs cuBLAS on widths no shipped DB entry covers (issue 11's held-out check).
 
-  OASR_TUNE_USER_DB=off python benchmarks/cost_model_heldout.py --out heldout.json
+  OASR_TUNE_USER_DB=off python benchmarks/cost_model_heldout.py --out heldout.json [--set 2]
 
 The held-out (N, K) set below was written down before any measurement; none is a signature of
 db/sm90/gemm.json and none was in the calibration fit (benchmarks/logs/sm90_gemm_build.jsonl). For every point
@@ -25,6 +25,13 @@ import torch.nn.functional as F
 HELD_OUT = [(640, 640), (768, 768), (768, 3072), (3072, 768), (1280, 1280), (1280, 5120), (5120, 1280),
             (2304, 768), (768, 2304), (2560, 640)]
 MS = [1, 7, 16, 64, 200, 512, 1000, 2048, 4096, 8192, 16384]
+# Set 2 (`--set 2`), written down on 2026-11-30 before it was measured, after the interval rule of the model tier
+# (runtime/model_tier.py: a config must not be predicted to lose anywhere in its rung's M interval) was chosen:
+# set 1's Ms are mostly powers of two, i.e. the tier's own rungs, where a wave-aligned big tile looks best; set 2
+# takes Ms between rungs and widths outside both the shipped DB and set 1.
+HELD_OUT_2 = [(896, 896), (1792, 448), (448, 1792), (1664, 1664), (1152, 4608), (4608, 1152), (960, 3840),
+              (3840, 960)]
+MS_2 = [1, 7, 17, 100, 300, 700, 1500, 3000, 6000, 12000, 20000]
 ACT_WIDTHS = 4  # the first widths also run as gemm_activation (SiLU)
 
 
@@ -57,6 +64,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="three widths, five Ms (smoke test)")
+    p.add_argument("--set", type=int, choices=(1, 2), default=1, help="held-out set (see HELD_OUT_2)")
     a = p.parse_args()
     os.environ.setdefault("OASR_TUNE_USER_DB", "off")
     import oasr_ops
@@ -65,7 +73,9 @@ def main() -> int:
 
     arch = current_arch_family()
     lane = registry.native_lane(arch, "gemm")
-    widths, ms = (HELD_OUT[:3], MS[::2]) if a.quick else (HELD_OUT, MS)
+    widths, ms = (HELD_OUT, MS) if a.set == 1 else (HELD_OUT_2, MS_2)
+    if a.quick:
+        widths, ms = widths[:3], ms[::2]
     rows = []
     t_start = time.perf_counter()
     for wi, (n, k) in enumerate(widths):

@@ -6,7 +6,7 @@
 For every signature of the tuning file: the Ms the build measured (its log, validation points included) and the
 geometric midpoints between consecutive ones (held out: never measured by the build). At each M, fp16 with bias
 (SiLU for gemm_activation), `oasr.gemm(config="auto")` (what the DB serves) and cuBLAS (`F.linear` [+ `F.silu`])
-are timed alternately three times each as CUDA graphs of 20 calls (median). Reports auto/cuBLAS geomean at the
+are timed alternately `--rounds` times each (3) as CUDA graphs of 20 calls (median). Reports auto/cuBLAS geomean at the
 measured Ms and at the midpoints, and the worst midpoint.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--log", required=True, help="the build's measurement log (the Ms it measured)")
     p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=3, help="alternating cuBLAS/auto timings per point (median)")
     a = p.parse_args()
     os.environ.setdefault("OASR_TUNE_USER_DB", "off")
     import oasr_ops
@@ -55,7 +56,7 @@ def main() -> int:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             ref = (lambda: F.linear(x, w, bias)) if act == "none" else (lambda: F.silu(F.linear(x, w, bias)))
             pairs = [(graph_time_us(ref), graph_time_us(lambda: oasr_ops.gemm(x, w, bias, act, "auto")))
-                     for _ in range(3)]
+                     for _ in range(a.rounds)]
             t_torch = statistics.median(q[0] for q in pairs)
             t_auto = statistics.median(q[1] for q in pairs)
             rows.append({"signature": sig, "m": m, "kind": kind, "torch_us": t_torch, "auto_us": t_auto,

@@ -136,6 +136,31 @@ def structure(cfg: Config, m: int, n: int, k: int, dtype: str, profile: ArchProf
     return Structure(tiles, split, k_iters, waves, x_a / waves, x_a, x_a * k_iters, red, floor)
 
 
+def _slots(cfg: Config, profile: ArchProfile, operand_bytes: int) -> int:
+    csize = cfg.cluster[0] * cfg.cluster[1]
+    return max(csize, (profile.sm_count // csize) * csize) * ctas_per_sm(cfg, profile, operand_bytes)
+
+
+def probe_ms(cfg: Config, lo: int, hi: int, n: int, dtype: str, profile: ArchProfile, max_waves: int = 32) -> list[int]:
+    """The Ms in (lo, hi] where `cfg` is at its worst against a smooth competitor: lo + 1, hi, and the first M
+    past each wave edge (one more tile row starts a nearly empty wave) up to `max_waves` waves — beyond that a
+    partial wave costs < 1/max_waves of the time. Checking a rung or region at these Ms checks all of it."""
+    out = {lo + 1, hi}
+    tm, tn, _ = cfg.tile
+    cm, cn = cfg.cluster[0], cfg.cluster[1]
+    col_tiles = _cdiv(_cdiv(n, tn), cn) * cn
+    slots = _slots(cfg, profile, OPERAND_BYTES[normalize_dtype(dtype)])
+    for wave in range(1, max_waves + 1):
+        rows = _cdiv(wave * slots + 1, col_tiles)  # the first tile-row count with CTAs in wave + 1
+        rows = _cdiv(rows, cm) * cm
+        m = (rows - cm) * tm + 1  # the smallest M launching that many rows
+        if m > hi:
+            break
+        if m > lo:
+            out.add(m)
+    return sorted(out)
+
+
 def default_coefficients(cfg: Config, dtype: str, profile: ArchProfile) -> tuple[float, float, float]:
     """Uncalibrated (a_c, b_c, R_c) in seconds, from the profile's peak and L2 feed (see module doc)."""
     d = normalize_dtype(dtype)

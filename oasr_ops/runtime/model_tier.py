@@ -21,9 +21,10 @@ section is warned about once by the caller (select's plug-in guard) and the tier
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
-from ..configs import SENTINELS, ConfigError, Lane
+from ..configs import SENTINELS, Config, ConfigError, Lane
 from . import arch_profile, cost_model, database, registry
 
 # The decision rule, chosen on the H200 build log by leave-one-signature-out (benchmarks/cost_model_rule.py,
@@ -113,4 +114,27 @@ def _choose_at_rung(family: str, op: str, lane_name: str, m: int, n: int, k: int
     act = op.endswith("activation")
     if cost_model.predict_us("torch", m, n, k, dt, profile, cal, activation=act) < MIN_TORCH_US:
         return "torch"
+    # Every M of the rung gets this answer, not only the rung: a config whose waves fit the rung exactly (rungs
+    # are powers of two above 1024) can run a nearly empty last wave a few rows further down. Only configs
+    # predicted not to lose to cuBLAS anywhere in the rung's interval may answer (measured on the H200: the
+    # 256x128 tile the model chose at M=16384 served M=12000 at 0.95x cuBLAS; docs/perf/cost_model.md).
+    lo = _previous_rung(m)
+    ids = [c for c in ids if _worst_speedup(lane.get(c), lo, m, n, k, dt, profile, cal, act) >= 1.0]
     return cost_model.choose(ids, m, n, k, dt, profile, cal, gate, activation=act)
+
+
+def _previous_rung(m: int) -> int:
+    i = RUNGS.index(m) if m in RUNGS else len(RUNGS)
+    return RUNGS[i - 1] if i > 0 else 0
+
+
+def _worst_speedup(cfg: Config, lo: int, hi: int, n: int, k: int, dt: str, profile: arch_profile.ArchProfile,
+                   cal: cost_model.Calibration | None, act: bool) -> float:
+    """min over M in (lo, hi] of predicted T_torch / T_cfg, taken at the Ms just past the config's wave edges
+    (`cost_model.probe_ms`)."""
+    worst = math.inf
+    for m in cost_model.probe_ms(cfg, lo, hi, n, dt, profile):
+        t_c = cost_model.predict_s(cfg, m, n, k, dt, profile, cal, activation=act)
+        t_t = cost_model.predict_s("torch", m, n, k, dt, profile, cal, activation=act)
+        worst = min(worst, t_t / t_c if t_c > 0 else 0.0)
+    return worst

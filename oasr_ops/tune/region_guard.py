@@ -1,0 +1,142 @@
+"""Regions that hold between measured points, part 2: the wave guard (step 8 of the partition, after
+tune/validation.py).
+
+Why: a region's CUTLASS config was measured at a few Ms; the DB serves it at every M in between. A data-parallel
+tile's time is a step function of M — it runs ceil(CTAs / SMs) waves — while cuBLAS picks its tile per shape and is
+close to smooth. Measured on the H200 (docs/perf/cost_model.md), every midpoint where a shipped region lost to
+cuBLAS by more than 5 % sat just past a wave boundary of the region's tile (N=1024 K=1024, 128x128 tile: M=6112
+runs 2.9 waves and wins 1.08x; M=4650 runs 2.2 waves and loses, 0.83x). Held-out validation points cannot catch
+this: the wave pattern repeats every ~SMs x tile_m / N_tiles rows, far denser than any affordable measurement.
+
+The rule: inside a region served by config c (not the fallback), predict c's speedup over the fallback at every M
+from the measured speedup s_a at the nearest measured points a (one below, one above, inside the region) scaled by
+the cost model's structure:  s(M) = s_a x [T_c(a) / T_f(a)] / [T_c(M) / T_f(M)]  (the cost model's fallback arm is
+cuBLAS's smooth efficiency curve; the structure is uncalibrated, so the rule does not depend on a fit). c keeps
+the Ms where min over the anchors of s(M) >= 1 + MARGIN; the rest go to the fallback. T_c is constant between two
+multiples of the tile's M extent (x cluster) and the fallback's time grows with M, so checking each such interval
+at its smallest M checks all of it. Only families whose fallback is ``torch`` (cuBLAS) and whose configs the cost
+model describes are guarded; anything it cannot model is left as partitioned.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..configs import Config, ConfigError, parse
+from ..runtime import arch_profile, cost_model, registry
+from ..runtime.database import parse_signature
+from .partition import Table, _medians
+
+__all__ = ["MARGIN", "guard_regions", "guard_entry", "structural_ratio", "ratio_for_signature"]
+
+#: A predicted win smaller than this is not trusted away from the points it was measured at. Chosen on the
+#: shipped gemm DB's between-points check (benchmarks/logs/sm90_between_points.json): every midpoint measured
+#: below 0.95x cuBLAS had a predicted speedup < 1.0; 1.03 leaves room for the prediction's error.
+MARGIN = 0.03
+
+# (config id, M) -> predicted T_config / T_fallback, the structural part of s(M).
+RatioFn = Callable[[str, int], float | None]
+
+
+def structural_ratio(n: int, k: int, dtype: str, arch: str, activation: bool = False) -> RatioFn:
+    """T_config(M) / T_torch(M) from the cost model's uncalibrated structure on the arch's reference SKU (None for
+    a config the model cannot describe)."""
+    profile = arch_profile.reference_profile(arch)
+
+    def ratio(cid: str, m: int) -> float | None:
+        cfg = _config(cid)
+        if cfg is None or cfg.generation not in ("2x", "3x"):
+            return None
+        t_c = cost_model.predict_s(cfg, m, n, k, dtype, profile, activation=activation)
+        t_f = cost_model.predict_s("torch", m, n, k, dtype, profile, activation=activation)
+        return t_c / t_f if math.isfinite(t_c) and t_f > 0 else None
+
+    return ratio
+
+
+def ratio_for_signature(sig: str, arch: str) -> RatioFn | None:
+    """`structural_ratio` for a signature of a family the cost model describes (its spec is ``modelled``), else
+    None. A half-precision signature is modelled as fp16 (bf16 has the same structure and peak)."""
+    parts = parse_signature(sig)
+    if parts is None or not registry.get(parts.family).modelled:
+        return None
+    dtype = parts.dt if parts.dt in ("fp16", "bf16") else "fp16"
+    return structural_ratio(parts.n, parts.k, dtype, arch, activation=parts.op.endswith("activation"))
+
+
+@functools.lru_cache(maxsize=512)
+def _config(cid: str) -> Config | None:
+    try:
+        return parse(cid)
+    except ConfigError:
+        return None  # a sentinel or another family's id: not something the structure describes
+
+
+def _m_step(cid: str) -> int | None:
+    cfg = _config(cid)
+    return None if cfg is None else cfg.tile[0] * cfg.cluster[0]
+
+
+def _merge(regions: list[list[Any]]) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for hi, cfg in regions:
+        if out and out[-1][1] == cfg:
+            out[-1][0] = hi
+        else:
+            out.append([hi, cfg])
+    return out
+
+
+def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str, ratio: RatioFn,
+                  margin: float = MARGIN) -> tuple[list[list[Any]], list[str]]:
+    """The regions with every stretch of M where a region's config is predicted to lose (by the rule above)
+    handed to ``fallback``; and one note per region that changed. The catch-all row (``[None, cfg]``) is left as
+    it is: above the largest measured M the build already serves the fallback."""
+    med = _medians(times)
+    out: list[list[Any]] = []
+    notes: list[str] = []
+    lo = 0
+    for hi, cfg in regions:
+        if hi is None or cfg == fallback:
+            out.append([hi, cfg])
+            lo = hi if hi is not None else lo
+            continue
+        hi = int(hi)
+        anchors = sorted(m for m in med if lo < m <= hi and cfg in med[m] and fallback in med[m])
+        step = _m_step(cfg)
+        base = {a: ratio(cfg, a) for a in anchors}
+        if not anchors or step is None or any(v is None for v in base.values()):
+            out.append([hi, cfg])
+            lo = hi
+            continue
+        pieces: list[list[Any]] = []
+        lost = 0
+        start = lo + 1
+        while start <= hi:
+            end = min(hi, (-(-start // step)) * step)  # the interval of M with the same tile count as `start`
+            r_m = ratio(cfg, start)
+            below = [a for a in anchors if a <= start][-1:]
+            above = [a for a in anchors if a >= start][:1]
+            preds = [med[a][fallback] / med[a][cfg] * base[a] / r_m for a in below + above] if r_m else []
+            keep = bool(preds) and min(preds) >= 1.0 + margin
+            pieces.append([end, cfg if keep else fallback])
+            lost += 0 if keep else end - start + 1
+            start = end + 1
+        merged = _merge(pieces)
+        if lost:
+            notes.append(f"M in ({lo}, {hi}]: {cfg} kept on {len([p for p in merged if p[1] == cfg])} stretch(es); "
+                         f"{lost} of {hi - lo} Ms to {fallback} (predicted < {1 + margin:.2f}x past a wave edge)")
+        out.extend(merged)
+        lo = hi
+    return _merge(out), notes
+
+
+def guard_entry(entry: Mapping[str, Any], times: Table, fallback: str, ratio: RatioFn | None,
+                margin: float = MARGIN) -> dict[str, Any]:
+    """`guard_regions` applied to a partition's DB entry (regions + notes); unchanged without a ratio."""
+    if ratio is None or fallback != "torch":
+        return dict(entry)
+    regions, notes = guard_regions(entry["regions"], times, fallback, ratio, margin)
+    return {**entry, "regions": regions, "notes": [*entry.get("notes", []), *notes]}
