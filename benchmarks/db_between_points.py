@@ -6,7 +6,7 @@
 For every signature of the tuning file: the Ms the build measured (its log, validation points included) and the
 geometric midpoints between consecutive ones (held out: never measured by the build). At each M, fp16 with bias
 (SiLU for gemm_activation), `oasr.gemm(config="auto")` (what the DB serves) and cuBLAS (`F.linear` [+ `F.silu`])
-are timed alternately `--rounds` times each (3) as CUDA graphs of 20 calls (median). Reports auto/cuBLAS geomean at the
+are timed `--rounds` times each (3) in alternating order (AB, BA, ...) as CUDA graphs of 20 calls (median). Reports auto/cuBLAS geomean at the
 measured Ms and at the midpoints, and the worst midpoint.
 """
 from __future__ import annotations
@@ -15,14 +15,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 
-from cost_model_heldout import graph_time_us  # same timing protocol as the held-out check
+from cost_model_heldout import alternating_us  # same timing protocol as the held-out check
 
 
 def main() -> int:
@@ -55,10 +54,7 @@ def main() -> int:
         for m, kind in [(m, "measured") for m in ms_sorted] + [(m, "midpoint") for m in mids]:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             ref = (lambda: F.linear(x, w, bias)) if act == "none" else (lambda: F.silu(F.linear(x, w, bias)))
-            pairs = [(graph_time_us(ref), graph_time_us(lambda: oasr_ops.gemm(x, w, bias, act, "auto")))
-                     for _ in range(a.rounds)]
-            t_torch = statistics.median(q[0] for q in pairs)
-            t_auto = statistics.median(q[1] for q in pairs)
+            t_torch, t_auto = alternating_us(ref, lambda: oasr_ops.gemm(x, w, bias, act, "auto"), a.rounds)
             rows.append({"signature": sig, "m": m, "kind": kind, "torch_us": t_torch, "auto_us": t_auto,
                          "speed_vs_torch": t_torch / t_auto})
         print(f"{sig}: {len(ms_sorted)} measured, {len(mids)} midpoints", flush=True)

@@ -38,7 +38,7 @@ STEPS=(
     "gemm-rebuild|[ -d \$TMPDIR/gemm_ckpt ] || rm -f \$TMPDIR/gemm_build_log.jsonl; python3 -m oasr_ops tune build \$CENSUS --out system --fresh --thin --max-points 8 --max-fill 4 --rounds 3 --log \$TMPDIR/gemm_build_log.jsonl --checkpoint-dir \$TMPDIR/gemm_ckpt > \$OUT/build.json; cp \$TMPDIR/gemm_build_log.jsonl \$OUT/build_log.jsonl; cp db/sm90/gemm.json \$OUT/gemm.json  (writes db/)"
     "between|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log \$TMPDIR/gemm_build_log.jsonl --out \$OUT/between.json"
     "heldout2|OASR_TUNE_USER_DB=off python3 benchmarks/cost_model_heldout.py --set 2 --out \$OUT/heldout2.json"
-    "between-shipped|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log benchmarks/logs/sm90_gemm_build.jsonl --rounds 5 --out \$OUT/between_shipped.json"
+    "between-shipped|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log benchmarks/logs/sm90_gemm_build.jsonl --rounds 6 --out \$OUT/between_shipped.json"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
 )
 

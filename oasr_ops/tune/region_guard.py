@@ -9,7 +9,8 @@ runs 2.9 waves and wins 1.08x; M=4650 runs 2.2 waves and loses, 0.83x). Held-out
 this: the wave pattern repeats every ~SMs x tile_m / N_tiles rows, far denser than any affordable measurement.
 
 The rule: inside a region served by config c (not the fallback), predict c's speedup over the fallback at every M
-from the measured speedup s_a at the nearest measured points a (one below, one above, inside the region) scaled by
+from the measured speedup s_a at the nearest measured points a (one below, one above, where both arms were
+measured, inside the region or not; a point measured at the same tile count as M alone when there is one) scaled by
 the cost model's structure:  s(M) = s_a x [T_c(a) / T_f(a)] / [T_c(M) / T_f(M)]  (the cost model's fallback arm is
 cuBLAS's smooth efficiency curve; the structure is uncalibrated, so the rule does not depend on a fit). c keeps
 the Ms where min over the anchors of s(M) >= 1 + MARGIN; the rest go to the fallback. T_c is constant between two
@@ -104,7 +105,9 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
             lo = hi if hi is not None else lo
             continue
         hi = int(hi)
-        anchors = sorted(m for m in med if lo < m <= hi and cfg in med[m] and fallback in med[m])
+        # anchors on both sides, also outside the region: a measured loss just below the region's first point
+        # says as much about the Ms above it as the win the region was chosen for
+        anchors = sorted(m for m in med if cfg in med[m] and fallback in med[m])
         step = _m_step(cfg)
         base = {a: ratio(cfg, a) for a in anchors}
         if not anchors or step is None or any(v is None for v in base.values()):
@@ -117,9 +120,10 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
         while start <= hi:
             end = min(hi, (-(-start // step)) * step)  # the interval of M with the same tile count as `start`
             r_m = ratio(cfg, start)
-            below = [a for a in anchors if a <= start][-1:]
-            above = [a for a in anchors if a >= start][:1]
-            preds = [med[a][fallback] / med[a][cfg] * base[a] / r_m for a in below + above] if r_m else []
+            # a point measured in this stretch runs the same waves: it alone speaks for it
+            near = [a for a in anchors if start <= a <= end] or (
+                [a for a in anchors if a <= start][-1:] + [a for a in anchors if a >= start][:1])
+            preds = [med[a][fallback] / med[a][cfg] * base[a] / r_m for a in near] if r_m else []
             keep = bool(preds) and min(preds) >= 1.0 + margin
             pieces.append([end, cfg if keep else fallback])
             lost += 0 if keep else end - start + 1
