@@ -60,8 +60,6 @@ def _run(args: argparse.Namespace) -> int:
                        max_points=args.max_points, max_fill=args.max_fill, rounds=args.rounds,
                        min_speedup=args.min_speedup, max_loss=args.max_loss, prune=not args.no_prune,
                        top_k=args.top_k, validate=not args.no_validate, jobs=args.jobs, measurer=args.measurer)
-    if args.run_id and not (mo.run_dir() / "plan.json").is_file():
-        raise UsageError(f"--run-id {args.run_id}: no such run under {mo.out / 'runs'} (omit it to start one)")
     plan = make_plan(mo)
     if args.dry_run:
         if args.run_id:
@@ -86,11 +84,11 @@ def _execute(args: argparse.Namespace, mo, plan, gpu_archs: list[str]) -> int:
     client = cl.connect(local if local is not None else args.scheduler)
     try:
         summary = run_matrix(client, plan, wait_workers_s=args.wait_workers)
+        print(json.dumps(summary, indent=1), flush=True)  # before the (slow) shut-down
     finally:
         client.close()
         if local is not None:
             local.close()
-    print(json.dumps(summary, indent=1))
     return 0 if summary["ok"] else 1
 
 
@@ -122,7 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="kernel family (repeatable; default: every family with signatures in the census)")
     p.add_argument("--out", type=Path, default=Path(".artifacts/tune_matrix"),
                    help="results and run state (a directory every worker sees)")
-    p.add_argument("--run-id", help="resume this run: measure only the signatures it has not checkpointed")
+    p.add_argument("--run-id", help="resume this run (measure only the signatures it has not checkpointed), or "
+                                    "start one of this name (default: a new id, printed)")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing, compile nothing")
     p.add_argument("--scheduler", help="a Dask scheduler address (workers advertise GPU=1,sm<arch>=1 or compile=1)")
     p.add_argument("--local-gpus", type=_count(0), help="start a local cluster with this many GPU workers")

@@ -64,7 +64,8 @@ def run_matrix(client: Any, plan: MatrixPlan, wait_workers_s: float = 60.0, warm
             wf = [client.submit(tasks.warm_worker, fams, ap.arch, workers=[w], allow_other_workers=False,
                                 pure=False, key=_key("warm", ap.arch, str(i), nonce))
                   for i, w in enumerate(have.get(ap.arch, []))]
-            warm_s[ap.arch] = client.gather(wf, errors="skip")
+            client.gather(wf, errors="skip")  # waits; a worker that fails its warm-up is reported, not fatal
+            warm_s[ap.arch] = [f.result() if f.status == "finished" else {"error": _err(f)} for f in wf]
         comp = []
         if cluster.COMPILE in have:
             for c in ap.compile:

@@ -16,6 +16,7 @@ Layout under ``--out`` (default ``.artifacts/tune_matrix``; a directory every wo
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -123,14 +124,20 @@ class Module:
         return Module(spec.lane.name, spec.config.id, spec.dtype, spec.cuda_arch)
 
     def spec(self) -> Any:
-        from ...codegen.jit import JitSpec
-        from ...configs import parse
-
-        return JitSpec(registry.get_lane(self.lane), parse(self.config), self.dtype, self.cuda_arch)
+        return _spec_of(self)
 
     @property
     def name(self) -> str:
         return f"{self.lane}_{self.config}_{self.dtype}_sm{self.cuda_arch}"
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_of(m: Module) -> Any:
+    """One JitSpec per module and process: its content key (a render and a hash) is computed once."""
+    from ...codegen.jit import JitSpec
+    from ...configs import parse
+
+    return JitSpec(registry.get_lane(m.lane), parse(m.config), m.dtype, m.cuda_arch)
 
 
 @dataclass
