@@ -224,3 +224,13 @@ def test_local_dask_cluster_survives_a_worker_killed_mid_signature(fake_env, mon
     assert {s: sum(r["signature"] == s for r in recs) for s in SIGS} == {s: 2 * points[s] for s in SIGS}
     assert not summary["archs"]["sm80"]["ok"] and "sm80" in summary["archs"]["sm80"]["failed"]["*"]
     assert not summary["ok"]
+
+
+def test_oasr_ops_and_its_cli_do_not_import_dask():
+    import subprocess
+
+    code = ("import sys, oasr_ops, oasr_ops.cli; oasr_ops.cli.build_parser(); import oasr_ops.tune.matrix.driver, "
+            "oasr_ops.tune.matrix.tasks; print(sorted(m for m in ('dask', 'distributed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1]).stdout
+    assert out.strip() == "[]"
