@@ -1,4 +1,4 @@
-"""`oasr tune census|build|evaluate|status|diff|prebuild` — each subcommand lives beside what it drives.
+"""`oasr tune census|build|evaluate|status|diff|prebuild|matrix` — each subcommand lives beside what it drives.
 
 Errors (decision, see `oasr_ops.errors`): a subcommand validates its input before it creates anything and raises
 `UsageError`; argparse's own errors are turned into the same exception (`OasrParser.error`). `main` catches it
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # Modules that add `oasr tune <name>` subcommands through `register(subparsers)`.
 _TUNE_MODULES = ("oasr_ops.tune.census_cli", "oasr_ops.tune.build_cli", "oasr_ops.tune.evaluate",
-                 "oasr_ops.tune.status", "oasr_ops.tune.prebuild")
+                 "oasr_ops.tune.status", "oasr_ops.tune.prebuild", "oasr_ops.tune.matrix.cli")
 
 
 class HelpFormatter(argparse.HelpFormatter):

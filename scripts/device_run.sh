@@ -7,7 +7,12 @@
 # Set-up, once per run, outside the repository:
 #   - the wheels in .whl/ (nvidia-cutlass, jinja2, ... built or downloaded on a machine with an index; torch is
 #     the GPU machine's own) are installed with `pip --target` into $TMPDIR/oasr-site, which goes on PYTHONPATH
-#     after the checkout (so `import oasr_ops` is this checkout);
+#     after the checkout (so `import oasr_ops` is this checkout). Never put torch or one of its own dependencies
+#     (jinja2, markupsafe, fsspec, filelock, sympy, ...) there: PYTHONPATH comes before site-packages and would
+#     shadow the GPU machine's. Dask for the `matrix` step (Python 3.12, x86_64):
+#       pip download -d .whl distributed==2026.8.0 dask==2026.8.0 --python-version 3.12 \
+#           --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --only-binary=:all:
+#     then delete the jinja2, markupsafe and fsspec wheels it brings (torch's own);
 #   - the carried JIT cache .jitpack/jit.tar.xz (kernels prebuilt on a CPU machine with
 #     `OASR_JIT_DIR=DIR OASR_CUDA_ARCH_LIST=9.0a oasr tune prebuild --all --jobs 2`, then `tar -cJf jit.tar.xz -C DIR .`)
 #     is unpacked into $TMPDIR/oasr-jit and OASR_JIT_DIR points there;
@@ -39,6 +44,7 @@ STEPS=(
     "between|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log \$TMPDIR/gemm_build_log.jsonl --out \$OUT/between.json"
     "heldout2|OASR_TUNE_USER_DB=off python3 benchmarks/cost_model_heldout.py --set 2 --out \$OUT/heldout2.json"
     "between-shipped|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log benchmarks/logs/sm90_gemm_build.jsonl --rounds 6 --out \$OUT/between_shipped.json"
+    "matrix|python3 benchmarks/matrix_run.py --out \$OUT/matrix \$CENSUS --max-points 8 --max-fill 2 --rounds 3 --budget-s 480"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
 )
 
@@ -49,7 +55,7 @@ list_steps() {
 }
 
 if [ $# -eq 0 ] || [ "$1" = "--list" ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     list_steps
     [ $# -eq 0 ] && exit 2 || exit 0
 fi

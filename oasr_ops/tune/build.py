@@ -215,9 +215,29 @@ class BuildResult:
     model: bool = False  # a cost-model section was written
 
 
-def _ckpt_path(opts: BuildOptions, sig: str) -> Path:
-    assert opts.checkpoint_dir is not None
-    return opts.checkpoint_dir / (hashlib.sha256(sig.encode()).hexdigest()[:16] + ".json")
+def checkpoint_path(checkpoint_dir: Path, sig: str) -> Path:
+    """The checkpoint file of one signature under a checkpoint directory (`oasr tune build --checkpoint-dir`,
+    and each (arch, family) of `oasr tune matrix`)."""
+    return Path(checkpoint_dir) / (hashlib.sha256(sig.encode()).hexdigest()[:16] + ".json")
+
+
+def read_checkpoint(checkpoint_dir: Path, sig: str) -> dict[str, Any] | None:
+    """The finished signature's DB entry, or None when it has no checkpoint (or a damaged one: measured again)."""
+    try:
+        doc = json.loads(checkpoint_path(checkpoint_dir, sig).read_text())
+        return doc["entry"] if doc.get("signature") in (None, sig) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_checkpoint(checkpoint_dir: Path, sig: str, entry: dict[str, Any], **extra: Any) -> Path:
+    """Write a finished signature's checkpoint atomically (a temp file of this process, then a rename), so a
+    reader — or a second writer of the same signature on another worker — never sees a partial one."""
+    path = checkpoint_path(checkpoint_dir, sig)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp.write_text(json.dumps({"signature": sig, "entry": entry, **extra}))
+    os.replace(tmp, path)
+    return path
 
 
 def _with_parts(p: Point, signature: str, parts: Any) -> Point:
@@ -366,22 +386,18 @@ def run_build(works: dict[str, SignatureWork], opts: BuildOptions, arch: str, la
     if opts.checkpoint_dir is not None:
         opts.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     for i, (sig, work) in enumerate(works.items()):
-        if opts.checkpoint_dir is not None and _ckpt_path(opts, sig).is_file():
-            try:
-                result.entries[sig] = json.loads(_ckpt_path(opts, sig).read_text())["entry"]
-                result.resumed.append(sig)
-                continue
-            except (OSError, ValueError, KeyError):
-                pass  # a damaged checkpoint is measured again
+        done = read_checkpoint(opts.checkpoint_dir, sig) if opts.checkpoint_dir is not None else None
+        if done is not None:
+            result.entries[sig] = done
+            result.resumed.append(sig)
+            continue
         points = plan_signature(work, opts)
         if opts.progress:
             log.info("[%d/%d] %s: %d points", i + 1, len(works), sig, len(points))
         entry = measure_one(work, points, opts, result)
         result.entries[sig] = entry
         if opts.checkpoint_dir is not None:
-            tmp = _ckpt_path(opts, sig).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"signature": sig, "entry": entry}))
-            os.replace(tmp, _ckpt_path(opts, sig))
+            write_checkpoint(opts.checkpoint_dir, sig, entry)
     if result.entries:
         model = model_fn() if model_fn is not None else None
         result.model = model is not None

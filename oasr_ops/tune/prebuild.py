@@ -47,8 +47,8 @@ def census_plan(census: list[str], arch: str, family: str | None = None, opts: A
     BuildOptions (thinning, fill, pruning, validation); default: the build's defaults."""
     from dataclasses import replace
 
-    from .build import BuildOptions, arm_plan, load_works, plan_signature
-    from .candidates import candidates_for, parts_of, tunable_families
+    from .build import BuildOptions, load_works
+    from .candidates import tunable_families
 
     opts = opts or BuildOptions()
     out: dict[tuple[str, str], set[str]] = {}
@@ -57,18 +57,41 @@ def census_plan(census: list[str], arch: str, family: str | None = None, opts: A
             continue
         fopts = replace(opts, family=fam)
         for sig, work in load_works(census, fam).items():
-            parts = parts_of(sig)
-            cands = candidates_for(parts, arch)
-            by_id = {c.id: c for c in cands}
-            points = plan_signature(work, fopts)
-            plan = arm_plan(sig, points, fopts, arch, cands=cands)
-            dt = {"bf16": "bf16"}.get(parts.dt or "", "fp16")
-            ids = out.setdefault((fam, dt), set())
-            for p in points:
-                q = replace(p, signature=sig, family=parts.family, op=parts.op, dtype=parts.dt or "half",
-                            n=parts.n, k=parts.k)
-                ids.update(c for c in (by_id[cid].config_at(q) for cid in plan[p.m]) if c not in SENTINELS)
+            dt, ids = signature_configs(work, fopts, arch)
+            out.setdefault((fam, dt), set()).update(ids)
     return {key: sorted(ids) for key, ids in sorted(out.items()) if ids}
+
+
+def signature_configs(work: Any, opts: Any, arch: str) -> tuple[str, set[str]]:
+    """(kernel dtype, config ids) one signature of `oasr tune build` loads on `arch`: at each planned point the
+    arms `build.arm_plan` keeps, a pseudo-arm as the tile it resolves to. `work`: a build.SignatureWork."""
+    from dataclasses import replace
+
+    from .build import arm_plan, plan_signature
+    from .candidates import candidates_for, parts_of
+
+    sig = work.signature
+    parts = parts_of(sig)
+    cands = candidates_for(parts, arch)
+    by_id = {c.id: c for c in cands}
+    points = plan_signature(work, opts)
+    plan = arm_plan(sig, points, opts, arch, cands=cands)
+    ids: set[str] = set()
+    for p in points:
+        q = replace(p, signature=sig, family=parts.family, op=parts.op, dtype=parts.dt or "half", n=parts.n,
+                    k=parts.k)
+        ids.update(c for c in (by_id[cid].config_at(q) for cid in plan[p.m]) if c not in SENTINELS)
+    return {"bf16": "bf16"}.get(parts.dt or "", "fp16"), ids
+
+
+def signature_specs(work: Any, opts: Any, arch: str) -> list[JitSpec]:
+    """The JitSpecs of `signature_configs` (the modules measuring that one signature loads)."""
+    dt, ids = signature_configs(work, opts, arch)
+    fam = work.signature.split("|", 1)[0]
+    make = registry.get(fam).handler("prebuild_specs")
+    if make is None or not ids:
+        return []
+    return list(make(arch, False, (dt,), configs=[parse(c) for c in sorted(ids)]))
 
 
 def census_specs(census: list[str], arch: str, family: str | None = None, opts: Any = None) -> list[JitSpec]:
