@@ -15,7 +15,7 @@ from ...runtime import production, registry
 from . import candidates, heuristic, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from .lanes import LANES
-from . import quantize, rewrite
+from . import qconfig, quantize, rewrite  # noqa: F401  (qconfig registers "fp8_w8a8")
 
 FAMILY = registry.register(registry.FamilySpec(
     name="scaled_mm_fp8",

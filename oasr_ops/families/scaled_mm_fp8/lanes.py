@@ -59,7 +59,8 @@ class Fp8Lane(Lane):
 
 def promotion_interval(c: Config) -> int:
     """The non-FastAccum mainloop's ``mma_promotion_interval`` (k-blocks of 32 between promotions to the fp32
-    accumulator): one K tile (CUTLASS requires a multiple of 4 that the k-blocks per tile divide)."""
+    accumulator): one K tile (CUTLASS requires a multiple of 4 that the k-blocks per tile divide). The rendered
+    kernel sets the same value (`codegen.emit_fp8.promotion_interval`; codegen imports no family)."""
     kb = c.tile[2] // 32
     return max(4, -(-kb // 4) * 4)
 
