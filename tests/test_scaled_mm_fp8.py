@@ -511,3 +511,36 @@ def test_real_nvcc_builds_of_each_kernel_kind(monkeypatch, tmp_path):
         assert lib.oasr_smm_abi_version() == 1
         for sym in ("oasr_smm_run", "oasr_smm_can_implement", "oasr_smm_workspace_size", "oasr_abi_version"):
             assert hasattr(lib, sym)
+
+
+@pytest.mark.parametrize("op", ["scaled_mm_fp8", "scaled_mm_fp8_quant"])
+def test_gate_candidates_on_cpu(op):
+    """The build's gating over the real candidates and operands (on the CPU every arm runs the reference, so
+    every gate passes), and a representative that fails its tolerance gate takes its bitwise group with it."""
+    from dataclasses import replace
+
+    from oasr_ops.families.candidate import Candidate
+    from oasr_ops.runtime.db_signatures import parse_signature
+    from oasr_ops.tune.candidates import gate_candidates
+    from oasr_ops.tune.points import Point
+
+    sig = f"scaled_mm_fp8|op={op}|N=256|K=512"
+    cands = fcand.candidates(parse_signature(sig), "sm90")
+    pt = Point(37, signature=sig, family="scaled_mm_fp8", op=op, n=256, k=512)
+    operands = fcand.operands(pt, "cpu", seed=1, copies=2)
+    passed, rejected = gate_candidates(cands, operands)
+    assert not rejected and len(passed) == len(cands)
+    # break the non-FastAccum group's representative: it fails the tolerance gate, its members the bitwise one
+    rep = next(c for c in cands if c.id != "torch" and c.gate.kind == "tolerance" and "promote128" ==
+               summation_order(parse(c.id)))
+
+    def broken(o, config, copy, _bind=rep.bind):
+        call = _bind(o, config, copy)
+        return lambda: (-call().float()).to(call().dtype)  # a sign error: wrong by 2|y| everywhere
+
+    cands2 = [replace(c, bind=broken) if c.id == rep.id else c for c in cands]
+    assert isinstance(cands2[1], Candidate)
+    passed, rejected = gate_candidates(cands2, operands)
+    members = [c.id for c in cands if c.gate.kind == "bitwise" and c.gate.baseline == rep.id]
+    assert rep.id in rejected and members and all("baseline" in rejected[m] for m in members)
+    assert "torch" not in rejected and "heuristic" not in rejected
