@@ -62,7 +62,8 @@ def census_plan(census: list[str], arch: str, family: str | None = None, opts: A
             by_id = {c.id: c for c in cands}
             points = plan_signature(work, fopts)
             plan = arm_plan(sig, points, fopts, arch, cands=cands)
-            dt = {"bf16": "bf16"}.get(parts.dt or "", "fp16")
+            measure_dtype = registry.get(fam).handler("measure_dtype")  # the dtype its candidates run in
+            dt = measure_dtype(parts) if measure_dtype else {"bf16": "bf16"}.get(parts.dt or "", "fp16")
             ids = out.setdefault((fam, dt), set())
             for p in points:
                 q = replace(p, signature=sig, family=parts.family, op=parts.op, dtype=parts.dt or "half",

@@ -33,5 +33,6 @@ FAMILY = registry.register(registry.FamilySpec(
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
-              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes},
+              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
+              "measure_dtype": candidates.measure_dtype},
 ))

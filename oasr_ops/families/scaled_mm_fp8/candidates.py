@@ -36,6 +36,12 @@ def _bind(op: str):
     return bind
 
 
+def measure_dtype(parts: Any) -> str:
+    """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): bf16,
+    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call."""
+    return "bf16"
+
+
 def gates(ids: list[str]) -> dict[str, Gate]:
     """Each tile's gate: tolerance for the first of its order group, bitwise against that one for the rest."""
     first: dict[str, str] = {}
