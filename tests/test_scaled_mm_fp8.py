@@ -493,13 +493,13 @@ def test_census_quantization_choice_lists_fp8():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.slow
 def test_real_nvcc_builds_of_each_kernel_kind(monkeypatch, tmp_path):
-    """One kernel per kind, compiled for real (sm_90a / sm_89) and its C ABI checked on the CPU: ping-pong +
-    swap-AB + FastAccum + fp8 output; cooperative, non-FastAccum, bias/bf16; Stream-K; the sm89 2.x lane."""
+    """Every kind of kernel, compiled for real (sm_90a / sm_89) and its C ABI checked on the CPU, in three
+    builds (~1 min of nvcc each for 3.x): ping-pong + swap-AB + FastAccum + e4m3 output; Stream-K (a cooperative
+    kernel) without FastAccum, fp16 output; the sm89 2.x lane."""
     from oasr_ops.codegen.jit import JitSpec, build_many
 
     monkeypatch.setenv("OASR_JIT_DIR", str(tmp_path))
     specs = [JitSpec.for_kernel(SM90, parse("t64x16x256_c1x1_pp_fa_swab"), "fp8", "sm90"),
-             JitSpec.for_kernel(SM90, parse(BIG), "bf16", "sm90"),
              JitSpec.for_kernel(SM90, parse(SK), "fp16", "sm90"),
              JitSpec.for_kernel(SM89, parse("b64x64x64_w32x32x64_s5"), "bf16", "sm89")]
     report = build_many(specs, jobs=2, progress=False)
