@@ -84,8 +84,6 @@ def gate_candidates(cands: Sequence[Candidate], operands: Operands, *, catch: bo
     ``catch``: a candidate that raises (cannot build or run here) is left out instead of failing the call.
     ``deadline`` (time.monotonic): stop gating when it has passed (the candidates gated so far are returned).
     """
-    import torch
-
     from .stats import numeric_gate
 
     by_id = {c.id: c for c in cands}
