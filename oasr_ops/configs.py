@@ -9,9 +9,12 @@ out (``_k1``, ``_a8``), no ``_k0`` / ``_a0`` / ``_s0``, no leading zeros, no whi
 
 * CUTLASS 2.x multistage (mma.sync): ``b{M}x{N}x{K}_w{M}x{N}x{K}_s{stages}[_k{split}][_a{align}]``
   e.g. ``b128x128x64_w64x64x64_s3`` — threadblock tile, warp tile, pipeline stages.
-* CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}]``
+* CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}][_fa][_swab]``
   with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K);
-  no ``_s`` means the stage count is the builder's automatic smem carve-out.
+  no ``_s`` means the stage count is the builder's automatic smem carve-out. Two fp8-only flags (the
+  scaled_mm_fp8 family): ``_fa`` fast accumulation (CUTLASS's ``*FP8FastAccum`` schedules: the wgmma accumulator
+  is never promoted to full fp32), ``_swab`` swap-AB (the kernel computes ``D^T = W . A^T``: the tile's M runs
+  over the GEMM's N, its N over the tokens; for few tokens).
 * Depthwise conv1d direct kernel (the conv1d family, ``templates/conv1d_depthwise.cu.j2``):
   ``dw{T}x{C}_v{vec}_n{threads}`` — a CTA computes a tile of T frames x C channels, moves ``vec``-element
   vectors along the contiguous dim, and runs ``threads`` threads. Every field is always written (no defaults);
@@ -50,7 +53,8 @@ EPILOGUE_FOR_KERNEL = {
 
 # ASCII digits only (``\d`` would take any Unicode digit); matched with fullmatch (``$`` allows a final newline).
 _ID_2X = re.compile(r"b([0-9]+)x([0-9]+)x([0-9]+)_w([0-9]+)x([0-9]+)x([0-9]+)_s([0-9]+)(?:_k([0-9]+))?(?:_a([0-9]+))?")
-_ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?")
+_ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?"
+                    r"(_fa)?(_swab)?")
 _ID_DW = re.compile(r"dw([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _MAX_ID_LEN = 64
 # Depthwise-conv config bounds: what the template's thread mapping supports (outputs per thread R =
@@ -75,6 +79,8 @@ class Config:
     alignment: int = 8
     epilogue_schedule: str = field(default="")
     threads: int = 0  # depthwise only: threads per CTA (0 for the GEMM generations, omitted from to_dict)
+    fast_accum: bool = False  # 3.x fp8 only: FP8FastAccum schedule (omitted from to_dict when False)
+    swap_ab: bool = False  # 3.x fp8 only: D^T = W . A^T (omitted from to_dict when False)
 
     def __post_init__(self) -> None:
         if not self.epilogue_schedule:
@@ -104,6 +110,10 @@ class Config:
                 s += f"_s{self.stages}"
         if self.alignment != 8:
             s += f"_a{self.alignment}"
+        if self.fast_accum:
+            s += "_fa"
+        if self.swap_ab:
+            s += "_swab"
         return s
 
     @property
@@ -127,6 +137,9 @@ class Config:
         d["warp"] = list(self.warp) if self.warp else None
         if not self.threads:
             del d["threads"]  # the GEMM generations' DB tables stay as they were
+        for flag in ("fast_accum", "swap_ab"):
+            if not d[flag]:
+                del d[flag]
         return d
 
     @staticmethod
@@ -142,11 +155,20 @@ class Config:
                 alignment=int(d.get("alignment", 8)),
                 epilogue_schedule=str(d.get("epilogue_schedule", "")),
                 threads=int(d.get("threads", 0)),
+                fast_accum=_flag(d, "fast_accum"),
+                swap_ab=_flag(d, "swap_ab"),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"malformed config parameters {d!r}: {e}") from None
+
+
+def _flag(d: dict[str, Any], name: str) -> bool:
+    v = d.get(name, False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{name} must be true or false, got {v!r}")
+    return v
 
 
 def _fields(c: Config) -> dict[str, Any]:
@@ -180,6 +202,8 @@ def _validate_dw(c: Config) -> None:
 
 
 def _validate(c: Config) -> None:
+    if (c.fast_accum or c.swap_ab) and c.kernel_schedule not in SCHEDULES_3X:
+        raise ConfigError("fast accumulation and swap-AB are 3.x (wgmma) config flags")
     if c.kernel_schedule in SCHEDULES_DW:
         _validate_dw(c)
         return
@@ -242,9 +266,10 @@ def parse(config_id: str) -> Config:
         m = _ID_3X.fullmatch(config_id)
         if not m:
             raise ConfigError(f"unknown config id {config_id!r}")
-        tm, tn, tk, cm, cn, sched, st, al = m.groups()
+        tm, tn, tk, cm, cn, sched, st, al, fa, swab = m.groups()
         c = Config(tile=(int(tm), int(tn), int(tk)), cluster=(int(cm), int(cn), 1),
-                   kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8))
+                   kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8),
+                   fast_accum=bool(fa), swap_ab=bool(swab))
     if c.id != config_id:
         raise ConfigError(f"config id {config_id!r} is not canonical: its config is spelt {c.id!r}")
     return c

@@ -17,8 +17,11 @@ from .families.scaled_mm.qconfig import SCHEMES as _SCHEME_TYPES
 from .families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_module,  # noqa: F401  (public names)
                                           quantize_weight, quantized_linear)
+from .families.scaled_mm_fp8.qconfig import Fp8W8A8Config
+from .families.scaled_mm_fp8.quantize import Fp8QuantLinear
+from .families.scaled_mm_fp8.quantize import quantize_module as _quantize_module_fp8
 
-SCHEMES = tuple(_SCHEME_TYPES)  # the string names quantize_ accepts ("int8_w8a8")
+SCHEMES = tuple(_SCHEME_TYPES)  # the string names quantize_ accepts ("int8_w8a8", "fp8_w8a8")
 
 FilterFn = Callable[[nn.Module, str], bool]
 # config type -> fn(model, config, filter_fn) -> model (torchao's config -> handler table)
@@ -59,21 +62,40 @@ def _int8_w8a8(model: nn.Module, cfg: Int8W8A8Config, filter_fn: FilterFn | None
     return quantize_module(model, cfg.kernel, filter_fn)
 
 
+@register_quantize_handler(Fp8W8A8Config)
+def _fp8_w8a8(model: nn.Module, cfg: Fp8W8A8Config, filter_fn: FilterFn | None) -> nn.Module:
+    """Every qualifying `nn.Linear` of `model` (the model itself included) becomes an `Fp8QuantLinear`."""
+    return _quantize_module_fp8(model, cfg.kernel, filter_fn)
+
+
+_REPORTED = (("scaled_mm", QuantLinear), ("scaled_mm_fp8", Fp8QuantLinear))  # (DB family = its op, layer type)
+
+
 def quantization_report(model: nn.Module, arch: str | None = None) -> str:
-    """One line: ``scaled_mm: 96 quantized layer(s) over 5 signature(s): 96 with a tuning entry (system=96), 0 on
-    the shape heuristic`` — whether each layer's signature has an entry in the user/system tier for `arch`."""
+    """One line per quantized family: ``scaled_mm: 96 quantized layer(s) over 5 signature(s): 96 with a tuning
+    entry (system=96), 0 on the shape heuristic`` — whether each layer's signature has an entry in the user/system
+    tier for `arch`. An int8 line is always given (0 layers when none); an fp8 line when the model has fp8
+    layers (``scaled_mm_fp8: ...``)."""
+    lines = []
+    for family, layer_type in _REPORTED:
+        layers = [m for m in model.modules() if isinstance(m, layer_type)]
+        if layers or family == "scaled_mm":
+            lines.append(_report_line(family, layers, arch))
+    return "\n".join(lines)
+
+
+def _report_line(family: str, layers: list[nn.Module], arch: str | None) -> str:
     from .runtime import database
     from .runtime.arch import current_arch_family, normalize_arch
 
     a = normalize_arch(arch) if arch else current_arch_family()
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     sigs: dict[tuple[int, int], str | None] = {}
     for layer in layers:
         key = (layer.out_features, layer.in_features)
         if key not in sigs:
             tier = None
             if a is not None:
-                chain = database.chain("scaled_mm", "scaled_mm", None, key[0], key[1], a)
+                chain = database.chain(family, family, None, key[0], key[1], a)
                 tier = chain[0][0] if chain else None
             sigs[key] = tier
     tiers: dict[str, int] = {}
@@ -86,5 +108,5 @@ def quantization_report(model: nn.Module, arch: str | None = None) -> str:
             tiers[t] = tiers.get(t, 0) + 1
     tuned = sum(tiers.values())
     detail = ", ".join(f"{t}={tiers[t]}" for t in ("user", "system") if t in tiers)
-    return (f"scaled_mm: {len(layers)} quantized layer(s) over {len(sigs)} signature(s): {tuned} with a tuning "
+    return (f"{family}: {len(layers)} quantized layer(s) over {len(sigs)} signature(s): {tuned} with a tuning "
             f"entry{f' ({detail})' if detail else ''}, {heuristic} on the shape heuristic")

@@ -15,6 +15,7 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
         smm = plan_specs("sm90", None, False, ("fp16",), "scaled_mm")
         bmm = plan_specs("sm90", None, False, ("fp16",), "bmm")
         conv = plan_specs("sm90", None, False, ("fp16",), "conv1d")
+        fp8 = plan_specs("sm90", None, False, ("fp16",), "scaled_mm_fp8")
         both = plan_specs("sm90", None, False, ("fp16",))
         bmm_lane = get_lane("sm90_f16_wgmma_bmm")
         sm90 = get_lane("sm90_f16_wgmma")
@@ -30,7 +31,11 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
                                                                                 *bmm_lane.coverage_basis)
                                                   for mj in ("k", "n")}
     assert {s.lane.name for s in conv} == {"sm80_f16_dwconv"}
-    assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv)
+    assert {s.lane.name for s in fp8} == {"sm90_fp8_wgmma"}
+    # no DB: the lane default, coverage basis and every heuristic tile; fp16 and, data-parallel, fp8 output
+    assert {s.dtype for s in fp8} == {"fp16", "fp8"}
+    assert all(s.config.kernel_schedule != "streamk" for s in fp8 if s.dtype == "fp8")
+    assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv) + len(fp8)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")
     assert [s.est_memory for s in both] == sorted((s.est_memory for s in both), reverse=True)
@@ -75,7 +80,10 @@ def test_census_plan_is_what_the_build_loads(monkeypatch, tmp_path):
         database.reload()
     lane = get_lane("sm90_f16_wgmma")
     # the int8 family measures the quantizable gemm site too (census_from), every tile (it is not modelled)
-    assert set(plan) == {("gemm", "bf16"), ("bmm", "fp16"), ("scaled_mm", "fp16")}
+    # and the fp8 family, in bf16 (its measure_dtype: the torch arm is torch._scaled_mm rowwise, bf16 out)
+    assert set(plan) == {("gemm", "bf16"), ("bmm", "fp16"), ("scaled_mm", "fp16"), ("scaled_mm_fp8", "bf16")}
+    fp8 = {c.id for c in candidates_for(parts_of("scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=1024"), "sm90")}
+    assert set(plan[("scaled_mm_fp8", "bf16")]) == fp8 - {"heuristic", "torch"}
     assert set(only_bmm) == {("bmm", "fp16")}
     smm = {c.id for c in candidates_for(parts_of("scaled_mm|op=scaled_mm|N=1024|K=1024"), "sm90")} - {"heuristic"}
     assert set(plan[("scaled_mm", "fp16")]) == smm

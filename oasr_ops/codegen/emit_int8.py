@@ -122,7 +122,11 @@ struct {name} : public {name}_base {{ }};
 
 def emit_sm80_int8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> EmittedKernel:
     """A CUTLASS 2.x multistage int8 GEMM around the template's 2.x EVT `epilogue_type`."""
-    op = sm80_operation(cfg, out_dtype, epilogue_type)
+    return emit_visitor_kernel(sm80_operation(cfg, out_dtype, epilogue_type), epilogue_type)
+
+
+def emit_visitor_kernel(op: GemmOperation, epilogue_type: str) -> EmittedKernel:
+    """The 2.x EVT kernel definition (`DefaultGemmWithVisitor`) of a 2.x operation object (int8 and fp8 lanes)."""
     td = op.tile_description
     warp = [td.threadblock_shape[i] // td.warp_count[i] for i in range(3)]
     name = op.procedural_name()

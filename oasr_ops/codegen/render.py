@@ -18,6 +18,10 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         from .emit_int8 import render_scaled_mm
 
         return render_scaled_mm(lane, config, dtype)
+    if lane.family == "scaled_mm_fp8":  # the fp8 W8A8 lanes: emit_fp8.py and their own templates
+        from .emit_fp8 import render_scaled_mm_fp8
+
+        return render_scaled_mm_fp8(lane, config, dtype)
     if lane.family == "bmm":
         return _render_bmm(lane, config, dtype)
     if lane.family == "conv1d":  # the depthwise conv1d lanes: a plain CUDA template, no emitter

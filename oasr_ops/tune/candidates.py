@@ -62,18 +62,28 @@ def pseudo_arms(cands: Iterable[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.resolve is not None]
 
 
+def same_bits(a: Any, b: Any) -> bool:
+    """Bitwise equality of two outputs (one-byte floats compared as bytes: fp8 has no equality kernel)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return bool(torch.equal(a, b))
+
+
 def gate_candidates(cands: Sequence[Candidate], operands: Operands, *, catch: bool = False,
                     deadline: float | None = None) -> tuple[list[Candidate], dict[str, str]]:
     """Run every candidate once on `operands` and judge its output by its gate. Returns (passed, {id: reason}).
 
     The tolerance gate compares with the operands' float64 reference and the baseline's own error
     (`stats.numeric_gate`); the baseline is gated too (it passes against itself unless it is not finite). The
-    bitwise gate compares with the baseline's output; the baseline itself is the reference and passes.
+    bitwise gate compares with the baseline's output; the baseline itself is the reference and passes, and a
+    candidate whose bitwise baseline was rejected (listed before it) is rejected too (the fp8 family's order groups).
     ``catch``: a candidate that raises (cannot build or run here) is left out instead of failing the call.
     ``deadline`` (time.monotonic): stop gating when it has passed (the candidates gated so far are returned).
     """
-    import torch
-
     from .stats import numeric_gate
 
     by_id = {c.id: c for c in cands}
@@ -103,8 +113,10 @@ def gate_candidates(cands: Sequence[Candidate], operands: Operands, *, catch: bo
             if not catch:
                 raise
             continue
-        if c.gate.kind == "bitwise":
-            ok = bool(torch.equal(out, base_out[c.gate.baseline]))
+        if c.gate.kind == "bitwise" and c.gate.baseline in rejected:
+            ok, why = False, f"its bitwise baseline {c.gate.baseline} was rejected"
+        elif c.gate.kind == "bitwise":
+            ok = same_bits(out, base_out[c.gate.baseline])
             why = "" if ok else f"not bitwise equal to the {c.gate.baseline}'s tile"
         else:
             ok, why = numeric_gate(out, ref64, base_out[c.gate.baseline], factor=c.gate.factor)

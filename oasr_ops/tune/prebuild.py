@@ -81,7 +81,8 @@ def signature_configs(work: Any, opts: Any, arch: str) -> tuple[str, set[str]]:
         q = replace(p, signature=sig, family=parts.family, op=parts.op, dtype=parts.dt or "half", n=parts.n,
                     k=parts.k)
         ids.update(c for c in (by_id[cid].config_at(q) for cid in plan[p.m]) if c not in SENTINELS)
-    return {"bf16": "bf16"}.get(parts.dt or "", "fp16"), ids
+    measure_dtype = registry.get(parts.family).handler("measure_dtype")  # the dtype its candidates run in
+    return (measure_dtype(parts) if measure_dtype else {"bf16": "bf16"}.get(parts.dt or "", "fp16")), ids
 
 
 def signature_specs(work: Any, opts: Any, arch: str) -> list[JitSpec]:

@@ -152,6 +152,15 @@ def _max_abs_err(x: Any, ref: Any) -> float:
     return float((x.to(torch.float64) - ref).abs().max().item()) if x.numel() else 0.0
 
 
+def _widen(t: Any) -> Any:
+    """fp8 outputs as float64 (isfinite/isnan have no fp8 kernels); other tensors unchanged."""
+    import torch
+
+    if t.is_floating_point() and t.element_size() == 1:
+        return t.to(torch.float64)
+    return t
+
+
 def numeric_gate(
     out: Any,
     ref64: Any,
@@ -179,8 +188,8 @@ def numeric_gate(
     if tuple(out.shape) != tuple(ref64.shape):
         return False, f"shape {tuple(out.shape)} != reference {tuple(ref64.shape)}"
     ref = ref64.detach().to(torch.float64)  # stays on its device: the GPU harness gates without a copy back
-    outc = out.detach().to(ref.device)
-    cub = cublas_out.detach().to(ref.device)
+    outc = _widen(out.detach().to(ref.device))
+    cub = _widen(cublas_out.detach().to(ref.device))
     if not bool(torch.isfinite(ref).all()):
         return False, "reference is not finite"
     if not bool(torch.isfinite(cub).all()):

@@ -32,8 +32,16 @@ class Int8W8A8Config:
             raise ValueError(f"Int8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
 
 
-# The string names of the older API -> their config type (constructed with its defaults).
+# The string names of the older API -> their config type (constructed with its defaults). Other families add
+# theirs with `register_scheme` (fp8_w8a8: families/scaled_mm_fp8/qconfig.py).
 SCHEMES: dict[str, type] = {"int8_w8a8": Int8W8A8Config}
+
+
+def register_scheme(name: str, config_type: type) -> None:
+    """Make the string `name` mean ``config_type()`` for `quantize_` and ``options={"quantization": name}``."""
+    if SCHEMES.get(name, config_type) is not config_type:
+        raise ValueError(f"quantization scheme {name!r} is already {SCHEMES[name].__name__}")
+    SCHEMES[name] = config_type
 
 
 def as_quant_config(config: Any) -> Any:
@@ -43,6 +51,6 @@ def as_quant_config(config: Any) -> Any:
         cls = SCHEMES.get(config)
         if cls is None:
             raise ValueError(f"unknown scheme {config!r}; supported: {', '.join(SCHEMES)} or a config object "
-                             f"such as Int8W8A8Config()")
+                             f"such as Int8W8A8Config() / Fp8W8A8Config()")
         return cls()
     return config

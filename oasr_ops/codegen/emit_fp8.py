@@ -1,0 +1,139 @@
+"""fp8 e4m3 W8A8 scaled GEMM: Config -> cutlass_library operation object -> C++ kernel definition -> `.cu` source
+(`render.render` dispatches here for lanes of family ``scaled_mm_fp8``).
+
+Layout as for `nn.Linear`: activations e4m3 row-major M x K, W e4m3 N x K (a column-major K x N operand), D
+row-major M x N, fp32 accumulation.
+
+* 3.x (`sm90_fp8_wgmma`): cutlass_library's `EmitGemmUniversal3xInstance` with the template's row x column scale
+  EVT (`OasrEVT`). FastAccum configs (``_fa``) take CUTLASS's ``*FP8FastAccum`` kernel schedules; the others the
+  plain TMA warp-specialized ones, for which the collective builder picks the FP8 mainloop that promotes the wgmma
+  accumulator into a full-fp32 one every ``mma_promotion_interval`` k-blocks (the template sets one per K tile).
+  Swap-AB configs (``_swab``) describe the transposed problem ``D^T (N x M) = W (N x K) . A^T``: operand A is W
+  (row-major N x K), operand B the activations (a column-major K x M operand: [M, K] with K contiguous, as
+  before), and D column-major N x M (the same bytes as the row-major [M, N] output). The template swaps the
+  broadcasts' roles (scale_w by the kernel's rows, scale_a by its columns) and the problem shape.
+* 2.x (`sm89_fp8_mma`): `emit_int8.emit_visitor_kernel` (the 2.x EVT kernel) around an Sm89 e4m3 operation
+  (m16n8k32 mma.sync, fp32 accumulation).
+
+Kernel "dtype" = the output: ``fp16`` / ``bf16`` (op `scaled_mm_fp8`) or ``fp8`` (op `scaled_mm_fp8_quant`).
+"""
+from __future__ import annotations
+
+from cutlass_library import library as L
+from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
+
+from ..configs import Config
+from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
+from .emit_int8 import SMM_ABI_VERSION, emit_visitor_kernel
+from .templates import ABI_VERSION
+from .templates import environment as _env
+
+OUT_DTYPES = ("fp16", "bf16", "fp8")
+_D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "fp8": L.DataType.e4m3}
+_D_ALIGN = {"fp16": 8, "bf16": 8, "fp8": 16}  # 128-bit stores
+_OPERAND_ALIGN = 16  # e4m3 elements per 128-bit load
+ELEMENT_D = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "fp8": "cutlass::float_e4m3_t"}
+# The bias is added in fp32 before the one rounding: of the output dtype for fp16/bf16, fp32 for the quantizing op.
+ELEMENT_BIAS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "fp8": "float"}
+_FAST = {
+    L.KernelScheduleType.TmaWarpSpecializedPingpong: L.KernelScheduleType.TmaWarpSpecializedPingpongFP8FastAccum,
+    L.KernelScheduleType.TmaWarpSpecializedCooperative:
+        L.KernelScheduleType.TmaWarpSpecializedCooperativeFP8FastAccum,
+}
+
+
+def _tensor(dtype: L.DataType, layout: L.LayoutType, align: int) -> L.TensorDescription:
+    return L.TensorDescription(dtype, layout, align)
+
+
+def _check(out_dtype: str) -> None:
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"scaled_mm_fp8 kernels output one of {OUT_DTYPES}, not {out_dtype!r}")
+
+
+def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> GemmOperation:
+    _check(out_dtype)
+    math = L.MathInstruction([64, cfg.tile[1], 32], L.DataType.e4m3, L.DataType.e4m3, L.DataType.f32,
+                             L.OpcodeClass.TensorOp, L.MathOperation.multiply_add)
+    tile = L.TileDescription(list(cfg.tile), cfg.stages, list(cfg.warp_count), math, 90, 90,
+                             cluster_shape=list(cfg.cluster))
+    kernel_sched, epi_sched, scheduler = sm90_schedules(cfg)
+    if cfg.fast_accum:
+        kernel_sched = _FAST[kernel_sched]
+    d = _D_TYPE[out_dtype]
+    d_layout = L.LayoutType.ColumnMajor if cfg.swap_ab else L.LayoutType.RowMajor
+    return GemmOperation(
+        L.GemmKind.Universal3x, 90, tile,
+        _tensor(L.DataType.e4m3, L.LayoutType.RowMajor, _OPERAND_ALIGN),
+        _tensor(L.DataType.e4m3, L.LayoutType.ColumnMajor, _OPERAND_ALIGN),
+        _tensor(L.DataType.void, d_layout, _D_ALIGN[out_dtype]),  # no C: scales/bias are EVT inputs
+        L.DataType.f32,
+        epilogue_functor=NamedEpilogue(epilogue_type),
+        D=_tensor(d, d_layout, _D_ALIGN[out_dtype]),
+        kernel_schedule=kernel_sched,
+        epilogue_schedule=epi_sched,
+        tile_scheduler=scheduler,
+    )
+
+
+def emit_sm90_fp8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> EmittedKernel:
+    """A CUTLASS 3.x fp8 TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
+    op = sm90_operation(cfg, out_dtype, epilogue_type)
+    emitter = EmitGemmUniversal3xInstance()
+    emitter.epilogue_functor = op.epilogue_functor  # cutlass_library 4.2 reads it from the emitter
+    return EmittedKernel(op.procedural_name(), emitter.emit(op), tuple(emitter.includes))
+
+
+def sm89_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> GemmOperation:
+    _check(out_dtype)
+    math = L.MathInstruction([16, 8, 32], L.DataType.e4m3, L.DataType.e4m3, L.DataType.f32, L.OpcodeClass.TensorOp,
+                             L.MathOperation.multiply_add)
+    tile = L.TileDescription(list(cfg.tile), cfg.stages, list(cfg.warp_count), math, 89, 1024)
+    return GemmOperation(
+        L.GemmKind.Universal, 89, tile,
+        _tensor(L.DataType.e4m3, L.LayoutType.RowMajor, _OPERAND_ALIGN),
+        _tensor(L.DataType.e4m3, L.LayoutType.ColumnMajor, _OPERAND_ALIGN),
+        _tensor(L.DataType.f32, L.LayoutType.RowMajor, 4),  # the EVT's fp32 fragments of 4 (C never read)
+        L.DataType.f32,
+        epilogue_functor=NamedEpilogue(epilogue_type),
+        swizzling_functor=L.SwizzlingFunctor.Identity8,
+        D=_tensor(_D_TYPE[out_dtype], L.LayoutType.RowMajor, 4),
+    )
+
+
+def promotion_interval(cfg: Config) -> int:
+    """k-blocks (of 32) between promotions of the non-FastAccum accumulator: one K tile, a multiple of 4."""
+    kb = cfg.tile[2] // 32
+    return max(4, -(-kb // 4) * 4)
+
+
+def render_scaled_mm_fp8(lane, config: Config, dtype: str) -> str:
+    """The full translation unit of one scaled_mm_fp8 kernel."""
+    if dtype not in OUT_DTYPES:
+        raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (output dtypes {', '.join(OUT_DTYPES)})")
+    if config not in lane.space:
+        raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    if dtype == "fp8" and config.kernel_schedule == "streamk":
+        raise ValueError(f"{config.id}: there is no quantizing (fp8-output) Stream-K kernel")
+    if config.generation == "3x":
+        emitted = emit_sm90_fp8(config, dtype)
+    else:
+        emitted = emit_visitor_kernel(sm89_operation(config, dtype), "OasrEVT")
+    return _env().get_template(lane.template).render(
+        lane=lane.name,
+        config_id=config.id,
+        dtype=dtype,
+        quant=dtype == "fp8",
+        swap=config.swap_ab,
+        fast_accum=config.fast_accum,
+        promotion_interval=promotion_interval(config),
+        element_d=ELEMENT_D[dtype],
+        element_bias=ELEMENT_BIAS[dtype],
+        tile=list(config.tile),
+        warp=list(config.warp or (0, 0, 0)),
+        includes=list(emitted.includes),
+        definition=emitted.definition,
+        operation_name=emitted.operation_name,
+        abi_version=ABI_VERSION,
+        smm_abi_version=SMM_ABI_VERSION,
+    )

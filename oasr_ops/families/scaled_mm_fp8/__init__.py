@@ -1,0 +1,38 @@
+"""The fp8 e4m3 W8A8 family (`torch.ops.oasr.scaled_mm_fp8`, `scaled_mm_fp8_quant`, `quantize_per_token_fp8`).
+
+DB file ``scaled_mm_fp8.json``, ops ``scaled_mm_fp8`` / ``scaled_mm_fp8_quant`` (no dtype in the signature).
+Lanes: sm90_fp8_wgmma (CUTLASS 3.x, native on sm90), sm89_fp8_mma (CUTLASS 2.x, native on sm89). Untuned
+policy: the half-wave heuristic (`heuristic.py`). Served (`runtime.select.serve_config`): Stream-K tiles only
+from measured entries, never for the quantizing op; only ids of the production set; another lane's config is
+warned about once and skipped. Scheme ``fp8_w8a8`` (`quantize.py`).
+"""
+from __future__ import annotations
+
+import functools
+
+from ...codegen.render import render
+from ...runtime import production, registry
+from . import candidates, heuristic, prebuild
+from . import ops  # noqa: F401  (registers the ops)
+from .lanes import LANES
+from . import qconfig, quantize, rewrite  # noqa: F401  (qconfig registers "fp8_w8a8")
+
+FAMILY = registry.register(registry.FamilySpec(
+    name="scaled_mm_fp8",
+    ops=("scaled_mm_fp8", "scaled_mm_fp8_quant"),
+    lanes=LANES,
+    dtyped=False,
+    policy="heuristic",
+    no_arch="default",
+    streamk_measured_only=True,
+    no_streamk_ops=("scaled_mm_fp8_quant",),
+    heuristic=heuristic.heuristic,
+    production_extras=heuristic.heuristic_ids,
+    production_ids=functools.partial(production.production_ids, "scaled_mm_fp8"),
+    render=render,
+    handlers={"reset_plans": ops.reset_plans, "served": ops.served,
+              "candidates": candidates.candidates, "operands": candidates.operands,
+              "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
+              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
+              "measure_dtype": candidates.measure_dtype},
+))

@@ -1,0 +1,109 @@
+"""The fp8 family's candidates and operands (the tuners' interface, `oasr_ops.families.candidate`).
+
+Arms of ``scaled_mm_fp8|op=<scaled_mm_fp8|scaled_mm_fp8_quant>|N|K``: ``torch`` (torch._scaled_mm rowwise — a
+candidate like any other, so the DB may answer it), every eligible tile of the native lane (no pruning, no cost
+model; no Stream-K for the quantizing op) and the ``heuristic`` pseudo-arm (the tile the half-wave rule picks at
+each point), which is the partition's fallback.
+
+Numeric gates, per point (`lanes.summation_order`): the first tile of each order group (its representative) and
+the heuristic arm are gated by tolerance: within 4x of cuBLAS's (`torch`'s) own max error against the float64
+reference; every other tile of a group must equal its representative bitwise (and is rejected with it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..candidate import Candidate, Gate, Operands
+from ...configs import parse
+from . import ops as _ops
+from .lanes import summation_order
+
+HEURISTIC = "heuristic"
+TOLERANCE = Gate("tolerance", baseline="torch", per_point=True, factor=4.0)
+
+
+def _bind(op: str):
+    def bind(o: Operands, config: str, copy: int):
+        import torch
+
+        a, sa = o.acts["a"], o.acts["sa"]
+        sw, w = o.consts["sw"], o.weights[copy % o.copies]["w"]
+        if op == "scaled_mm_fp8_quant":
+            fn, out_scale = torch.ops.oasr.scaled_mm_fp8_quant, o.consts["out_scale"]
+            return lambda: fn(a, w, sa, sw, None, out_scale, config)
+        fn, bf16 = torch.ops.oasr.scaled_mm_fp8, torch.bfloat16
+        return lambda: fn(a, w, sa, sw, None, bf16, config)
+    return bind
+
+
+def measure_dtype(parts: Any) -> str:
+    """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): bf16,
+    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call."""
+    return "bf16"
+
+
+def gates(ids: list[str]) -> dict[str, Gate]:
+    """Each tile's gate: tolerance for the first of its order group, bitwise against that one for the rest."""
+    first: dict[str, str] = {}
+    out: dict[str, Gate] = {}
+    for cid in ids:
+        rep = first.setdefault(summation_order(parse(cid)), cid)
+        out[cid] = TOLERANCE if rep == cid else Gate("bitwise", baseline=rep, per_point=True)
+    return out
+
+
+def candidates(parts: Any, arch: str) -> list[Candidate]:
+    """``torch``, every eligible tile (group representatives first), then the heuristic pseudo-arm."""
+    bind = _bind(parts.op)
+    n, k = parts.n, parts.k
+    ids = _ops.variants_for(n, k, parts.op == "scaled_mm_fp8_quant", arch)
+    g = gates(ids)
+    ordered = sorted(ids, key=lambda cid: g[cid].kind == "bitwise")  # stable: representatives first
+    out = [Candidate("torch", bind, TOLERANCE)]
+    out += [Candidate(cid, bind, g[cid]) for cid in ordered]
+    out.append(Candidate(HEURISTIC, bind, TOLERANCE, fallback=True,
+                         resolve=lambda p: _ops.heuristic_config(p.m, n, k, arch)))
+    return out
+
+
+def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:
+    """Normal activations / weights quantized to e4m3 per token / per channel (the deployment's scales);
+    out_scale 4 sqrt(K) / 448; the float64 reference of copy 0 (saturated as the quantizing op saturates) for the
+    tolerance gate."""
+    import torch
+
+    from .reference import FP8, quantize_per_token_fp8, quantize_weight_fp8
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    n, k = point.n, point.k
+    if like is None:
+        weights, sws = [], []
+        for _ in range(copies):
+            wq, sw = quantize_weight_fp8(torch.randn(n, k, generator=g, device=device))
+            weights.append({"w": wq})
+            sws.append(sw)
+        # |y| is about sqrt(K) (unit-variance operands): a few values saturate e4m3's 448, most do not
+        consts = {"sw": sws[0], "out_scale": torch.tensor([4.0 * k ** 0.5 / 448.0], device=device)}
+    else:
+        weights, consts = like.weights, like.consts
+    a, sa = quantize_per_token_fp8(torch.randn(point.m, k, generator=g, device=device))
+    assert a.dtype == FP8
+    w0 = weights[0]["w"]
+
+    def reference():
+        acc = a.double() @ w0.double().t()
+        y = sa.double().reshape(-1, 1) * consts["sw"].double().reshape(1, -1) * acc
+        if point.op == "scaled_mm_fp8_quant":
+            y = (y / consts["out_scale"].double()).clamp(-448.0, 448.0)
+        return y
+
+    return Operands(point, {"a": a, "sa": sa}, consts, weights, reference)
+
+
+def census_from(parts: Any, weight_bytes: int) -> tuple[str, int] | None:
+    """The scaled_mm_fp8 signature an fp8_w8a8 deployment runs for a gemm census signature (K % 16, N % 16; fp8
+    weights are half the fp16 ones), or None."""
+    if parts.family != "gemm" or parts.k % _ops.K_ALIGN or parts.n % _ops.N_ALIGN:
+        return None
+    return _ops.signature("scaled_mm_fp8", parts.n, parts.k), weight_bytes // 2

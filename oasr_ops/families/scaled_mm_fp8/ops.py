@@ -1,0 +1,295 @@
+"""The fp8 e4m3 W8A8 scaled GEMM family (`scaled_mm_fp8`): op schemas, the CPU/fake/CUDA impls, selection.
+
+Ops (``oasr`` namespace, `torch.library.Library` define + impl + register_fake):
+
+``oasr::scaled_mm_fp8(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, ScalarType out_dtype,
+str config) -> Tensor``
+    a: float8_e4m3fn ``[..., K]``, w: float8_e4m3fn ``[N, K]``, scale_a fp32 ``[M]`` (per token) or ``[1]``,
+    scale_w fp32 ``[N]`` (per channel) or ``[1]``, bias ``[N]`` of out_dtype or None, out_dtype float16 |
+    bfloat16. Output ``[..., N]``.
+``oasr::scaled_mm_fp8_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, Tensor out_scale,
+str config) -> Tensor``
+    The same GEMM, output quantized to e4m3 for the next GEMM: ``e4m3(clamp(y / out_scale, -448, 448))``;
+    bias fp32 ``[N]``; out_scale fp32 ``[1]`` or ``[M]`` (finite, > 0).
+``oasr::quantize_per_token_fp8(Tensor x) -> (Tensor q, Tensor scale)``
+    Per-token symmetric e4m3 quantization (CompositeImplicitAutograd: Inductor fuses it with x's producer).
+
+The formula and the checks: `reference.py`. CPU runs the reference; CUDA runs the selected kernel (lanes
+sm90_fp8_wgmma / sm89_fp8_mma) through the int8 family's C launcher, or the ``torch`` arm: torch._scaled_mm
+rowwise (bf16 out: one call, bias fused; fp16 out: torch._scaled_mm with fp32 output and the epilogue in eager
+ops, as rowwise scaling writes bf16 only).
+
+Selection (`runtime.select.serve_config` with the family's spec): user tier, system tier (signatures
+``scaled_mm_fp8|op=scaled_mm_fp8|N=..|K=..`` and ``op=scaled_mm_fp8_quant``; M rounds up to a region), a config
+of another lane or outside this process's production set warned once and skipped, else the half-wave heuristic
+(`heuristic.py`). Stream-K only from measured entries, never for the quantizing op.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..autograd import inference_only
+from ...codegen.jit import BuildError, LoadError
+from ...configs import Config, ConfigError
+from ...runtime import database as _database
+from ...runtime import select as _select
+from ...runtime.arch import current_arch_family, normalize_arch
+from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.registry import lane_of, native_lane
+from ...runtime.select import Selection
+from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
+from .kernels import get_kernel, production_configs  # noqa: F401
+from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, check_layout, check_positive, epilogue_fp32,
+                        quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
+                        to_fp8)
+
+FAMILY = "scaled_mm_fp8"
+OPS = ("scaled_mm_fp8", "scaled_mm_fp8_quant")
+
+_lib = torch.library.Library("oasr", "FRAGMENT")
+_lib.define(
+    "scaled_mm_fp8(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, ScalarType out_dtype, "
+    "str config) -> Tensor",
+    tags=(torch.Tag.needs_fixed_stride_order,),
+)
+_lib.define(
+    "scaled_mm_fp8_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, Tensor out_scale, "
+    "str config) -> Tensor",
+    tags=(torch.Tag.needs_fixed_stride_order,),
+)
+_lib.define("quantize_per_token_fp8(Tensor x) -> (Tensor, Tensor)")
+_lib.impl("quantize_per_token_fp8", quantize_per_token_fp8, "CompositeImplicitAutograd")
+
+
+def _layout(op, a, w, scale_a, scale_w, bias, out_scale=None) -> None:
+    check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
+                 ("out_scale", out_scale))
+
+
+def _scaled_mm_fp8_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
+    check("scaled_mm_fp8", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    _layout("scaled_mm_fp8", a, w, scale_a, scale_w, bias)
+    check_config_arg(config, "scaled_mm_fp8")
+    return reference_scaled_mm_fp8(a, w, scale_a, scale_w, bias, out_dtype)
+
+
+def _scaled_mm_fp8_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
+    check("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    _layout("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale)
+    check_positive("scaled_mm_fp8_quant", "out_scale", out_scale)
+    check_config_arg(config, "scaled_mm_fp8_quant")
+    return reference_scaled_mm_fp8_quant(a, w, scale_a, scale_w, bias, out_scale)
+
+
+def _scaled_mm_fp8_fake(a, w, scale_a, scale_w, bias, out_dtype, config):
+    check("scaled_mm_fp8", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    check_config_arg(config, "scaled_mm_fp8")
+    return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=out_dtype)
+
+
+def _scaled_mm_fp8_quant_fake(a, w, scale_a, scale_w, bias, out_scale, config):
+    check("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    check_config_arg(config, "scaled_mm_fp8_quant")
+    return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=FP8)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# selection
+
+_warn_once = WarnOnce()
+_epoch = _database.epoch
+
+
+def _current_arch(arch: str | None) -> str | None:
+    return normalize_arch(arch) if arch else current_arch_family()
+
+
+def signature(op: str, n: int, k: int) -> str:
+    return _database.signature(FAMILY, op, None, n, k)
+
+
+def select_config(n: int, k: int, m: int, arch: str | None = None) -> Selection:
+    """The kernel of one `scaled_mm_fp8` call (module docstring)."""
+    return _select.serve_config(FAMILY, "scaled_mm_fp8", "fp8", n, k, m, arch)
+
+
+def select_quant_config(n: int, k: int, m: int, arch: str | None = None) -> Selection:
+    """The kernel of one `scaled_mm_fp8_quant` call: as `select_config`, never a Stream-K tile."""
+    return _select.serve_config(FAMILY, "scaled_mm_fp8_quant", "fp8", n, k, m, arch)
+
+
+def resolution_counts() -> dict[str, dict[str, int]]:
+    from ...runtime.select_report import resolution_counts as counts
+
+    return counts(FAMILY)
+
+
+def reset_selection() -> None:
+    """Forget memoised selections, counts and warnings (tests)."""
+    _select.reset_selection(FAMILY)
+
+
+def variants_for(n: int, k: int, quant: bool, arch: str | None = None) -> list[str]:
+    """The eligible configs of the native lane for a signature (what `oasr tune build --family scaled_mm_fp8`
+    measures): every config the static rules admit for (N, K); no Stream-K tile for the quantizing op."""
+    a = _current_arch(arch) or "sm90"
+    lane = native_lane(a, FAMILY)
+    if lane is None or k % K_ALIGN or n % N_ALIGN:
+        return []
+    return [c.id for c in lane.space
+            if not (quant and c.kernel_schedule == "streamk")
+            and lane.infeasible_reason(c, n=n, k=k, arch_family=a) is None]
+
+
+def kernel_dtype(op: str, out_dtype: torch.dtype | None) -> str:
+    return "fp8" if op == "scaled_mm_fp8_quant" else OUT_DTYPES[out_dtype]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA
+
+_PLANS = PlanCache()
+_plans = _PLANS.plans
+
+
+def torch_scaled_mm(a2, w, sa, sw, bias, out_dtype):
+    """The ``torch`` arm: torch._scaled_mm rowwise (bf16 output, bias fused); fp16 output through an fp32
+    torch._scaled_mm and the epilogue formula in eager ops (rowwise scaling writes bf16 only)."""
+    m, n = a2.shape[0], w.shape[0]
+    if out_dtype == torch.bfloat16:
+        sa2 = sa.reshape(-1, 1).expand(m, 1).contiguous()
+        sw2 = sw.reshape(1, -1).expand(1, n).contiguous()
+        return torch._scaled_mm(a2, w.t(), scale_a=sa2, scale_b=sw2, bias=bias, out_dtype=torch.bfloat16)
+    one = torch.ones((), device=a2.device, dtype=torch.float32)
+    acc = torch._scaled_mm(a2, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return epilogue_fp32(acc, sa, sw, bias).to(out_dtype)
+
+
+def _torch_run(op: str, out_dtype):
+    if op == "scaled_mm_fp8":
+        def run(a, w, sa, sw, bias, extra):
+            n, k = w.shape
+            y = torch_scaled_mm(a.reshape(-1, k), w, sa, sw, bias, out_dtype)
+            return y.reshape(*a.shape[:-1], n)
+    else:
+        def run(a, w, sa, sw, bias, extra):
+            n, k = w.shape
+            one = torch.ones((), device=a.device, dtype=torch.float32)
+            acc = torch._scaled_mm(a.reshape(-1, k), w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+            return to_fp8(epilogue_fp32(acc, sa, sw, bias), extra).reshape(*a.shape[:-1], n)
+    return run
+
+
+def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str):
+    try:
+        lane = lane_of(cfg, arch, FAMILY)
+    except ConfigError as e:
+        raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
+    if op == "scaled_mm_fp8_quant" and cfg.kernel_schedule == "streamk":
+        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
+    reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
+    if reason:
+        _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
+        return None
+    dt = kernel_dtype(op, out_dtype)
+    try:
+        kern = get_kernel(lane, cfg, dt, arch)
+    except (BuildError, LoadError) as e:
+        _warn_once(f"oasr.{op}: kernel {cfg.id} ({dt}) unavailable, using torch: {e}")
+        return None
+    status = kern.can_implement(m, n, k)
+    if status != 0:
+        _warn_once(f"oasr.{op}: {cfg.id} rejects {sig} M={m} (CUTLASS status {status}); using torch for it")
+        return None
+    ws_bytes = int(kern.workspace_size(m, n, k))
+    run_c = kern.run
+    fallback = _torch_run(op, out_dtype)
+    two_x = cfg.generation == "2x"  # the 2.x row broadcast loads float4 vectors: no scalar broadcast
+    vec_align = 16 if two_x else 4
+    out_elt = FP8 if op == "scaled_mm_fp8_quant" else out_dtype
+
+    def run_kernel(a, w, sa, sw, bias, extra):
+        if two_x and sw.numel() == 1 and n > 1:
+            sw = sw.expand(n).contiguous()
+        if (a.data_ptr() % 16 or w.data_ptr() % 16 or sw.data_ptr() % vec_align
+                or (bias is not None and bias.data_ptr() % vec_align)):
+            _warn_once(f"oasr.{op}: an operand of {sig} is not aligned for {cfg.id}; using torch for such calls")
+            return fallback(a, w, sa, sw, bias, extra)
+        out = torch.empty((*a.shape[:-1], n), dtype=out_elt, device=a.device)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
+        rc = run_c(a.data_ptr(), w.data_ptr(), sa.data_ptr(), int(sa.numel() != 1 or m == 1),
+                   sw.data_ptr(), int(sw.numel() != 1 or n == 1),
+                   None if bias is None else bias.data_ptr(),
+                   None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1),
+                   out.data_ptr(), m, n, k, None if ws is None else ws.data_ptr(), ws_bytes,
+                   torch._C._cuda_getCurrentRawStream(a.get_device()))
+        if rc != 0:
+            raise RuntimeError(f"oasr.{op}: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
+        return out
+    return run_kernel
+
+
+def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
+    arch = _current_arch(None) or "sm90"
+    sig = signature(op, n, k)
+    return make_plan(FAMILY, config, m, n, k, arch, sig,
+                     select=lambda: _select.serve_config(FAMILY, op, "fp8", n, k, m, arch),
+                     torch_run=lambda _sentinel: _torch_run(op, out_dtype),
+                     kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
+
+
+def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
+    check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
+    _layout(op, a, w, scale_a, scale_w, bias, out_scale)
+    if out_scale is not None:
+        check_positive(op, "out_scale", out_scale)
+    n, k = w.shape
+    m = rows(a, k)
+    if m == 0:
+        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm_fp8" else FP8)
+    key = (op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch())
+    plan = _plans.get(key)
+    if plan is None:
+        check_config_arg(config, op)
+        plan = _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
+    plan.calls += 1
+    return plan.run(a, w, scale_a, scale_w, bias, out_scale)
+
+
+def _scaled_mm_fp8_cuda(a, w, scale_a, scale_w, bias, out_dtype, config):
+    return _cuda("scaled_mm_fp8", a, w, scale_a, scale_w, bias, out_dtype, None, config)
+
+
+def _scaled_mm_fp8_quant_cuda(a, w, scale_a, scale_w, bias, out_scale, config):
+    return _cuda("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, None, out_scale, config)
+
+
+_lib.impl("scaled_mm_fp8", _scaled_mm_fp8_cpu, "CPU")
+_lib.impl("scaled_mm_fp8", _scaled_mm_fp8_cuda, "CUDA")
+_lib.impl("scaled_mm_fp8_quant", _scaled_mm_fp8_quant_cpu, "CPU")
+_lib.impl("scaled_mm_fp8_quant", _scaled_mm_fp8_quant_cuda, "CUDA")
+torch.library.register_fake("oasr::scaled_mm_fp8", _scaled_mm_fp8_fake, lib=_lib)
+torch.library.register_fake("oasr::scaled_mm_fp8_quant", _scaled_mm_fp8_quant_fake, lib=_lib)
+inference_only("oasr::scaled_mm_fp8", _lib)
+inference_only("oasr::scaled_mm_fp8_quant", _lib)
+
+served = _PLANS.served
+reset_plans = _PLANS.clear
+
+
+# ----------------------------------------------------------------------------------------------------------
+# public API
+
+def scaled_mm_fp8(a, w, scale_a, scale_w, bias=None, out_dtype=torch.bfloat16, config: str = "auto"):
+    """``round(scale_a[:, None] * (scale_w[None, :] * (a @ w.T)) + bias)`` of e4m3 operands on `config`."""
+    return torch.ops.oasr.scaled_mm_fp8.default(a, w, scale_a, scale_w, bias, out_dtype, config)
+
+
+def scaled_mm_fp8_quant(a, w, scale_a, scale_w, out_scale, bias=None, config: str = "auto"):
+    """`scaled_mm_fp8` quantized to e4m3 with `out_scale` (per tensor [1] or per row [M]) for the next GEMM."""
+    return torch.ops.oasr.scaled_mm_fp8_quant.default(a, w, scale_a, scale_w, bias, out_scale, config)
+
+
+def quantize_fp8(x):
+    """(q e4m3 like x, scale fp32 [M]) with x ≈ q * scale[:, None] per row."""
+    return torch.ops.oasr.quantize_per_token_fp8.default(x)

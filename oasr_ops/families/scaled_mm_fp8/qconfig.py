@@ -1,0 +1,30 @@
+"""`Fp8W8A8Config`: what `quantize_(model, Fp8W8A8Config())` / ``"fp8_w8a8"`` and the backend's
+``options={"quantization": "fp8_w8a8"}`` accept (the int8 family's `qconfig` holds the scheme table)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..scaled_mm.qconfig import register_scheme
+
+
+@dataclass(frozen=True)
+class Fp8W8A8Config:
+    """fp8 e4m3 weights x e4m3 activations -> `torch.ops.oasr.scaled_mm_fp8`, output in the layer's half dtype.
+
+    Weights: symmetric per output channel, quantized once. Activations: symmetric per token, dynamic. A linear
+    layer qualifies when K % 16 == 0 and N % 16 == 0; the others stay full precision.
+
+    Fields:
+      kernel: the scaled_mm_fp8 config every quantized layer calls: ``"auto"`` (the tuning DB's scaled_mm_fp8
+        entry, else the half-wave heuristic), ``"heuristic"``, ``"torch"`` (torch._scaled_mm), ``"default"`` or
+        one config id of the fp8 lane.
+    """
+
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel, str) or not self.kernel:
+            raise ValueError(f"Fp8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+
+
+register_scheme("fp8_w8a8", Fp8W8A8Config)

@@ -1,0 +1,85 @@
+"""The fp8 e4m3 W8A8 model transform (scheme ``fp8_w8a8``): `Fp8QuantLinear`, the quantized linear both it and
+the backend's in-graph quantization run, and the in-place module swap (this family's ``quantize_schemes``).
+
+A layer qualifies when its GEMM fits the fp8 kernels: K (in_features) % 16 == 0 and N (out_features) % 16 == 0.
+Weights: symmetric per output channel, e4m3, quantized once. Activations: symmetric per token, quantized at every
+call (`torch.ops.oasr.quantize_per_token_fp8`, a composite op Inductor fuses), then `torch.ops.oasr.scaled_mm_fp8`
+with config ``auto`` (the tuning DB's scaled_mm_fp8 entry, else the half-wave heuristic). Output dtype: the
+layer's own when fp16/bf16; an fp32 layer computes in bf16 and casts back.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .reference import quantize_weight_fp8
+
+SCHEME = "fp8_w8a8"
+
+
+def quantized_linear_fp8(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Tensor,
+                         bias: torch.Tensor | None, out_dtype: torch.dtype, config: str = "auto") -> torch.Tensor:
+    """`F.linear` of an fp8 W8A8 layer: per-token e4m3 activations, then `oasr::scaled_mm_fp8`."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
+    q, scale_a = torch.ops.oasr.quantize_per_token_fp8(x2)
+    y = torch.ops.oasr.scaled_mm_fp8(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
+    y = y.reshape(*lead, weight_q.shape[0])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def qualifies(linear: nn.Linear) -> bool:
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0 and linear.in_features > 0
+
+
+class Fp8QuantLinear(nn.Module):
+    """An fp8 W8A8 linear layer: e4m3 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, config: str = "auto") -> None:
+        super().__init__()
+        if out_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"Fp8QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
+        self.out_features, self.in_features = weight_q.shape
+        self.out_dtype = out_dtype
+        self.config = config
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("scale_w", scale_w)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "Fp8QuantLinear":
+        wq, sw = quantize_weight_fp8(linear.weight)
+        dt = linear.weight.dtype
+        out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.bfloat16
+        return cls(wq, sw, linear.bias, out_dtype, config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_linear_fp8(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}")
+
+
+def quantize_module(model: nn.Module, config: str = "auto",
+                    filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """Replace every qualifying `nn.Linear` of `model` (the model itself included) by an `Fp8QuantLinear`."""
+
+    def wanted(linear: nn.Module, fqn: str) -> bool:
+        return isinstance(linear, nn.Linear) and qualifies(linear) and (filter_fn is None or filter_fn(linear, fqn))
+
+    if isinstance(model, nn.Linear):
+        return Fp8QuantLinear.from_linear(model, config) if wanted(model, "") else model
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
+                setattr(parent, name, Fp8QuantLinear.from_linear(child, config))
+    return model
+
+
+def schemes() -> dict[str, Callable[..., nn.Module]]:
+    """The `quantize_schemes` handler: scheme name -> ``fn(model, config, filter_fn) -> model``."""
+    return {SCHEME: quantize_module}

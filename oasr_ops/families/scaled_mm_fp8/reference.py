@@ -1,0 +1,151 @@
+"""The fp8 family's argument checks (shared by every implementation and the fake functions), the CPU reference
+of the formula every kernel computes, and the fp8 quantizers (per-token activations, per-channel weights).
+
+The formula (``acc`` = the dot product of the e4m3 operands, accumulated in fp32 by the kernels)::
+
+    y = scale_a[:, None] * (scale_w[None, :] * acc)     # two fp32 multiplies, each rounded
+    y = y + float32(bias)                               # if bias (rounded add, never an FMA)
+    out = round_to_nearest_even(y -> out_dtype)         # scaled_mm_fp8: fp16 / bf16
+    q = e4m3(clamp(y / out_scale, -448, 448))           # scaled_mm_fp8_quant: rn, saturated to e4m3's range
+
+The reference accumulates in float64 and rounds ``acc`` to fp32 once: an e4m3 product is exact in float64 (4
+significant bits each) and spans 2**-18 .. 2**17.6, so a sum of K products is exact for K < 2**15 and within one
+float64 rounding beyond. The kernels' fp32 accumulation (and FastAccum's ~13-14 bits) differ from it by their
+own rounding, which the GPU suite bounds against cuBLAS's (docs/perf/scaled_mm_fp8.md).
+"""
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+K_ALIGN = 16
+N_ALIGN = 16  # 128-bit output rows and torch._scaled_mm's own N % 16 rule, for both ops
+
+
+def rows(a: torch.Tensor, k: int) -> int:
+    return a.numel() // k if k else 0
+
+
+def _check_vec(name: str, t, full: int, full_name: str, a: torch.Tensor, op: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"oasr.{op}: {name} must be a tensor")
+    if t.dtype != torch.float32:
+        raise ValueError(f"oasr.{op}: {name} must be float32, got {t.dtype}")
+    if t.device != a.device:
+        raise ValueError(f"oasr.{op}: {name} is on {t.device}, a on {a.device}")
+    if t.dim() != 1 or t.shape[0] not in (1, full):
+        raise ValueError(f"oasr.{op}: {name} must have shape [1] (per tensor) or [{full_name}={full}], "
+                         f"got {tuple(t.shape)}")
+
+
+def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
+    """ValueError naming the problem (dtypes, shapes, K % 16, N % 16, scales, bias, out_dtype, devices)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ValueError(f"oasr.{op}: a and w must be tensors")
+    if a.dtype != FP8 or w.dtype != FP8:
+        raise ValueError(f"oasr.{op}: a and w must be float8_e4m3fn (quantize activations with "
+                         f"torch.ops.oasr.quantize_per_token_fp8), got {a.dtype} and {w.dtype}")
+    if w.dim() != 2:
+        raise ValueError(f"oasr.{op}: w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    if a.dim() < 1:
+        raise ValueError(f"oasr.{op}: a must have at least one dimension [..., K]")
+    n, k = w.shape
+    if a.shape[-1] != k:
+        raise ValueError(f"oasr.{op}: K mismatch: a is {tuple(a.shape)}, w is {tuple(w.shape)} (w is [N, K])")
+    if a.device != w.device:
+        raise ValueError(f"oasr.{op}: a is on {a.device}, w on {w.device}")
+    if k % K_ALIGN or k == 0:
+        raise ValueError(f"oasr.{op}: K={k} is not a positive multiple of {K_ALIGN} (fp8 operands are read 16 at "
+                         "a time)")
+    if n % N_ALIGN or n == 0:
+        raise ValueError(f"oasr.{op}: N={n} is not a positive multiple of {N_ALIGN} (output rows are written "
+                         "128 bits at a time; torch._scaled_mm needs it too)")
+    m = rows(a, k)
+    _check_vec("scale_a", scale_a, m, "M", a, op)
+    _check_vec("scale_w", scale_w, n, "N", a, op)
+    if op == "scaled_mm_fp8":
+        if out_dtype not in OUT_DTYPES:
+            raise ValueError(f"oasr.scaled_mm_fp8: out_dtype must be torch.float16 or torch.bfloat16, got "
+                             f"{out_dtype}")
+        bias_dtype = out_dtype
+    else:
+        _check_vec("out_scale", out_scale, m, "M", a, op)
+        bias_dtype = torch.float32
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise ValueError(f"oasr.{op}: bias must be a tensor or None")
+        if bias.dtype != bias_dtype:
+            raise ValueError(f"oasr.{op}: bias must have dtype {bias_dtype}, got {bias.dtype}")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"oasr.{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
+        if bias.device != a.device:
+            raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
+
+
+def check_layout(op: str, *tensors) -> None:
+    for name, t in tensors:
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"oasr.{op}: {name} (shape {tuple(t.shape)}, stride {t.stride()}) is not contiguous; "
+                             "call .contiguous() first")
+
+
+def check_positive(op: str, name: str, t: torch.Tensor) -> None:
+    """ValueError unless every value of `t` is finite and > 0 (a NaN, inf or 0 scale gives garbage silently).
+
+    Reading values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
+    torch.compile traces; eager calls are checked on every device."""
+    if t.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        return
+    if t.numel() and not bool(((t > 0) & torch.isfinite(t)).all()):
+        raise ValueError(f"oasr.{op}: {name} must be finite and > 0 everywhere, got "
+                         f"{t.detach().flatten()[:4].tolist()}{'...' if t.numel() > 4 else ''}")
+
+
+def acc64(a2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a2 @ w.T`` of e4m3 operands accumulated in float64 ([M, K] x [N, K] -> [M, N] float64), on a's device."""
+    return a2.double() @ w.double().t()
+
+
+def epilogue_fp32(acc: torch.Tensor, scale_a, scale_w, bias) -> torch.Tensor:
+    y = scale_a.reshape(-1, 1) * (scale_w.reshape(1, -1) * acc.float())
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+def to_fp8(y: torch.Tensor, out_scale: torch.Tensor) -> torch.Tensor:
+    """``e4m3(clamp(y / out_scale, -448, 448))`` (the quantizing epilogue; torch's cast alone maps overflow to
+    NaN, CUTLASS's satfinite conversion saturates)."""
+    return (y / out_scale.reshape(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def reference_scaled_mm_fp8(a, w, scale_a, scale_w, bias, out_dtype) -> torch.Tensor:
+    n, k = w.shape
+    y = epilogue_fp32(acc64(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    return y.to(out_dtype).reshape(*a.shape[:-1], n)
+
+
+def reference_scaled_mm_fp8_quant(a, w, scale_a, scale_w, bias, out_scale) -> torch.Tensor:
+    n, k = w.shape
+    y = epilogue_fp32(acc64(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    return to_fp8(y, out_scale).reshape(*a.shape[:-1], n)
+
+
+def quantize_per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric e4m3: ``scale = max(amax(|x|, -1), tiny) / 448`` (fp32 [M]), ``q = e4m3(x / scale)``
+    (x's shape). Composite: it decomposes into aten ops under tracing, so Inductor fuses it with x's producer."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = amax.clamp_min(1e-12) / FP8_MAX
+    q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale.reshape(-1)
+
+
+def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric e4m3: (w_q [N, K], scale_w fp32 [N]) with w ≈ w_q * scale_w[:, None]."""
+    wf = w.detach().float()
+    scale = wf.abs().amax(dim=1).clamp_min(1e-12) / FP8_MAX
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.contiguous(), scale.contiguous()
