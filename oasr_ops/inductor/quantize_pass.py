@@ -2,9 +2,10 @@
 
 Runs on Dynamo's graph, before AOTAutograd: every `linear` whose weight is a module parameter (an
 `nn.Parameter` graph input, fp16/bf16, [N, K] with K % 16 == 0 and N % 8 == 0 — the layers `quantize_` would
-swap) is replaced by `quantize_weight` (per output channel, the same math as `quantize_`) followed by
-`quantized_linear` (per-token activation quantization + `oasr::scaled_mm`, the very code `QuantLinear` runs;
-both in `oasr_ops.families.scaled_mm.quantize`). The post-grad pass then bakes scaled_mm configs like gemm ones.
+swap) is replaced by `quantize_weight` (per output channel, the same math as `quantize_`) followed by the ops
+`quantized_linear` runs (per-token activation quantization + `oasr::scaled_mm`, the very code `QuantLinear` runs;
+both in `oasr_ops.families.scaled_mm.quantize`), spelt out node by node so the fusion pass (`fuse_quant`) sees
+one structure for both paths. The post-grad pass then bakes scaled_mm configs like gemm ones.
 
 Weights: the parameters stay graph inputs (AOTAutograd accepts no new constants from a backend), so the weight
 quantization is part of the graph. With Inductor's freezing on (`torch._inductor.config.freezing = True` before
@@ -13,10 +14,12 @@ kernel per layer reading the fp16 weight, which `quantize_(model)` + `backend="o
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 
+from ..families.scaled_mm.calibrate import calibrated_scale
 from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from ..families.scaled_mm.quantize import quantize_weight, quantized_linear
 
@@ -30,9 +33,38 @@ def quantizing_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
     return quantized_linear(x, wq, sw, b, w.dtype, kernel)
 
 
+def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The quantized linear's [M, N] output back to x's leading dims (and dtype: an fp32 layer computes in fp16)."""
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _emit_quantized_linear(gm: torch.fx.GraphModule, x, w, b, kernel: str, wv: torch.Tensor,
+                           scale: torch.Tensor | None, index: int) -> torch.fx.Node:
+    """The nodes `quantized_linear` traces to, spelt out in the Dynamo graph so the fusion pass
+    (`fuse_quant.fuse_quantization`) sees the same structure as a `quantize_`d model's: weight quantization,
+    reshape + contiguous, per-token quantization (carrying a calibrated scale when there is one), scaled_mm."""
+    g = gm.graph
+    n, k = wv.shape
+    wqs = g.call_function(quantize_weight, (w,))
+    wq, sw = g.call_function(operator.getitem, (wqs, 0)), g.call_function(operator.getitem, (wqs, 1))
+    x2 = g.call_method("contiguous", (g.call_method("reshape", (x, -1, k)),))
+    if scale is None:
+        qs = g.call_function(torch.ops.oasr.quantize_per_token.default, (x2,))
+    else:
+        name = f"_oasr_input_scale_{index}"
+        gm.register_buffer(name, scale.detach().clone())
+        qs = g.call_function(torch.ops.oasr.quantize_per_token_calibrated.default, (x2, g.get_attr(name)))
+    q, sa = g.call_function(operator.getitem, (qs, 0)), g.call_function(operator.getitem, (qs, 1))
+    out_dtype = wv.dtype
+    y = g.call_function(torch.ops.oasr.scaled_mm.default, (q, wq, sa, sw, b, out_dtype, kernel))
+    return g.call_function(restore_rows, (y, x))
+
+
 def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any) -> int:
     """Rewrite `gm` in place; returns how many linears were quantized. `scheme`: ``"int8_w8a8"`` or an
-    `Int8W8A8Config` (what `quantize_` accepts). ValueError for anything else."""
+    `Int8W8A8Config` (what `quantize_` accepts). ValueError for anything else. A layer calibrated with
+    `oasr_ops.calibrate` carries its scale into the graph (a buffer of `gm`) for the fusion pass."""
     try:
         cfg = as_quant_config(scheme)
     except ValueError as e:
@@ -56,7 +88,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         if k % 16 or n % 8:
             continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(quantizing_linear, (x, w, b, cfg.kernel))
+            new = _emit_quantized_linear(gm, x, w, b, cfg.kernel, wv, calibrated_scale(wv), done)
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
