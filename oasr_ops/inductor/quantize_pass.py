@@ -40,7 +40,7 @@ def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _emit_quantized_linear(gm: torch.fx.GraphModule, x, w, b, kernel: str, wv: torch.Tensor,
-                           scale: torch.Tensor | None, index: int) -> torch.fx.Node:
+                           scale: torch.Tensor | None) -> torch.fx.Node:
     """The nodes `quantized_linear` traces to, spelt out in the Dynamo graph so the fusion pass
     (`fuse_quant.fuse_quantization`) sees the same structure as a `quantize_`d model's: weight quantization,
     reshape + contiguous, per-token quantization (carrying a calibrated scale when there is one), scaled_mm."""
@@ -52,9 +52,11 @@ def _emit_quantized_linear(gm: torch.fx.GraphModule, x, w, b, kernel: str, wv: t
     if scale is None:
         qs = g.call_function(torch.ops.oasr.quantize_per_token.default, (x2,))
     else:
-        name = f"_oasr_input_scale_{index}"
-        gm.register_buffer(name, scale.detach().clone())
-        qs = g.call_function(torch.ops.oasr.quantize_per_token_calibrated.default, (x2, g.get_attr(name)))
+        # A constant of the graph (AOTAutograd takes no new buffers from a backend): a one-element fill, which
+        # under CUDA graphs is one tiny kernel per layer; a `quantize_`d model carries it as a buffer instead.
+        s = g.call_function(torch.full, ((1,), float(scale.reshape(-1)[0])),
+                            {"dtype": torch.float32, "device": wv.device})
+        qs = g.call_function(torch.ops.oasr.quantize_per_token_calibrated.default, (x2, s))
     q, sa = g.call_function(operator.getitem, (qs, 0)), g.call_function(operator.getitem, (qs, 1))
     out_dtype = wv.dtype
     y = g.call_function(torch.ops.oasr.scaled_mm.default, (q, wq, sa, sw, b, out_dtype, kernel))
@@ -64,7 +66,7 @@ def _emit_quantized_linear(gm: torch.fx.GraphModule, x, w, b, kernel: str, wv: t
 def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any) -> int:
     """Rewrite `gm` in place; returns how many linears were quantized. `scheme`: ``"int8_w8a8"`` or an
     `Int8W8A8Config` (what `quantize_` accepts). ValueError for anything else. A layer calibrated with
-    `oasr_ops.calibrate` carries its scale into the graph (a buffer of `gm`) for the fusion pass."""
+    `oasr_ops.calibrate` carries its scale into the graph (a constant) for the fusion pass."""
     try:
         cfg = as_quant_config(scheme)
     except ValueError as e:
@@ -74,9 +76,19 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
                          "model with quantize_() before compiling instead")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+    wanted = None
+    if cfg.layers == "fusable":
+        from .fuse_quant import fusable_linears
+
+        for n in placeholders:  # fusable_linears reads the weights' calibration through the example values
+            if n in value_of:
+                n.meta.setdefault("example_value", value_of[n])
+        wanted = set(fusable_linears(gm))
     done = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
+            continue
+        if wanted is not None and node not in wanted:
             continue
         x, w = node.args[0], node.args[1]
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
@@ -88,7 +100,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         if k % 16 or n % 8:
             continue
         with gm.graph.inserting_before(node):
-            new = _emit_quantized_linear(gm, x, w, b, cfg.kernel, wv, calibrated_scale(wv), done)
+            new = _emit_quantized_linear(gm, x, w, b, cfg.kernel, wv, calibrated_scale(wv))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

@@ -23,16 +23,22 @@ from torch import nn
 
 from .quantize import QuantLinear, qualifies
 
-_BY_WEIGHT: "weakref.WeakKeyDictionary[nn.Parameter, torch.Tensor]" = weakref.WeakKeyDictionary()
+# id(weight) -> (weak reference to it, scale); by identity (a WeakKeyDictionary would compare tensors with ==)
+_BY_WEIGHT: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 QMAX = 127.0
 
 
 def calibrated_scale(weight: Any) -> torch.Tensor | None:
     """The calibrated input scale of the plain `nn.Linear` owning `weight`, or None."""
-    try:
-        return _BY_WEIGHT.get(weight)
-    except TypeError:  # not weak-referenceable: never calibrated
+    entry = _BY_WEIGHT.get(id(weight))
+    if entry is None or entry[0]() is not weight:
         return None
+    return entry[1]
+
+
+def _remember(weight: nn.Parameter, scale: torch.Tensor) -> None:
+    key = id(weight)
+    _BY_WEIGHT[key] = (weakref.ref(weight, lambda _r, _k=key: _BY_WEIGHT.pop(_k, None)), scale)
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -81,6 +87,6 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
         if isinstance(layer, QuantLinear):
             layer.input_scale = scale.to(layer.weight_q.device)
         else:
-            _BY_WEIGHT[layer.weight] = scale.to(layer.weight.device)
+            _remember(layer.weight, scale.to(layer.weight.device))
         out[name] = float(scale)
     return out
