@@ -80,10 +80,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     if cfg.layers == "fusable":
         from .fuse_quant import fusable_linears
 
-        for n in placeholders:  # fusable_linears reads the weights' calibration through the example values
-            if n in value_of:
-                n.meta.setdefault("example_value", value_of[n])
-        wanted = set(fusable_linears(gm))
+        wanted = set(fusable_linears(gm, value_of))
     done = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
