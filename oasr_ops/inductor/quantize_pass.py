@@ -22,6 +22,7 @@ import torch
 from ..families.scaled_mm.calibrate import calibrated_scale
 from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from ..families.scaled_mm.quantize import quantize_weight, quantized_linear
+from .quant_patterns import fusable_linears, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 
@@ -31,12 +32,6 @@ def quantizing_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
     """`F.linear(x, w, b)` as an int8 W8A8 layer whose weight is quantized in the graph."""
     wq, sw = quantize_weight(w)
     return quantized_linear(x, wq, sw, b, w.dtype, kernel)
-
-
-def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The quantized linear's [M, N] output back to x's leading dims (and dtype: an fp32 layer computes in fp16)."""
-    y = y.reshape(*x.shape[:-1], y.shape[-1])
-    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def _emit_quantized_linear(gm: torch.fx.GraphModule, x, w, b, kernel: str, wv: torch.Tensor,
@@ -78,8 +73,6 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     wanted = None
     if cfg.layers == "fusable":
-        from .fuse_quant import fusable_linears
-
         wanted = set(fusable_linears(gm, value_of))
     done = 0
     for node in list(gm.graph.nodes):

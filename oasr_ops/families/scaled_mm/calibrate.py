@@ -1,7 +1,7 @@
 """`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 layers, from representative data.
 
-Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each `QuantLinear` and each qualifying
-`nn.Linear` (K % 16 == 0, N % 8 == 0), and stores ``scale = max(amax, tiny) / 127`` (fp32 [1]):
+Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each `QuantLinear` (a `quantize_`d model)
+or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores ``scale = max(amax, tiny) / 127`` (fp32 [1]):
 
 * on a `QuantLinear` (after `quantize_`) as its ``input_scale`` buffer — saved in its state dict, loaded back by a
   quantized model (`QuantLinear._load_from_state_dict`);
@@ -42,8 +42,11 @@ def _remember(weight: nn.Parameter, scale: torch.Tensor) -> None:
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, QuantLinear) or (isinstance(m, nn.Linear) and qualifies(m))]
+    """The `QuantLinear`s of a `quantize_`d model; the qualifying `nn.Linear`s of a model that has none."""
+    quant = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
+    if quant:
+        return quant
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and qualifies(m)]
 
 
 def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None,
