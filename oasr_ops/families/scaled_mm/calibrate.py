@@ -1,7 +1,8 @@
 """`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 layers, from representative data.
 
 Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each `QuantLinear` (a `quantize_`d model)
-or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores ``scale = max(amax, tiny) / 127`` (fp32 [1]):
+or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores
+``scale = max(amax, tiny) / 127`` (fp32 [1]):
 
 * on a `QuantLinear` (after `quantize_`) as its ``input_scale`` buffer — saved in its state dict, loaded back by a
   quantized model (`QuantLinear._load_from_state_dict`);
