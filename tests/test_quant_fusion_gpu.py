@@ -47,8 +47,9 @@ def _built():
 def _poison():
     """Fill and free a block so the next allocations reuse memory holding 0x80 bytes (int8 -128, which the
     layer-norm kernel never writes; fp32 / fp16 tiny negatives)."""
-    t = torch.full((64 << 20,), 0x80, dtype=torch.uint8, device=DEV)
-    del t
+    small = [torch.full((1 << 19,), 0x80, dtype=torch.uint8, device=DEV) for _ in range(64)]  # < 1 MB: small pool
+    large = torch.full((64 << 20,), 0x80, dtype=torch.uint8, device=DEV)
+    del small, large
 
 
 def _check_lnq(x, w, b, eps, normalized, config):
