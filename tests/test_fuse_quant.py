@@ -178,7 +178,8 @@ def test_calibration_round_trips_through_the_state_dict():
     q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
     scales = oasr_ops.calibrate(q, [x, x * 2])
     assert set(scales) == {"fc1", "fc2"}
-    assert scales["fc1"] == pytest.approx(float(q.ln(x * 2).abs().max()) / 127, rel=1e-3)
+    with torch.no_grad():
+        assert scales["fc1"] == pytest.approx(float(q.ln(x * 2).abs().max()) / 127, rel=1e-3)
     fresh = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
     assert fresh.fc2.input_scale is None
     fresh.load_state_dict(q.state_dict())
