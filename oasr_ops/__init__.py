@@ -10,7 +10,11 @@ from .configs import SENTINELS, Config, parse  # noqa: F401,E402
 from .families.bmm.ops import bmm  # noqa: F401,E402
 from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,E402
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
+from .families.scaled_mm.act_quant import scaled_mm_act_quant  # noqa: F401,E402
+from .families.scaled_mm.calibrate import calibrate  # noqa: F401,E402
+from .families.layer_norm_quant.ops import layer_norm_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.ops import quantize_fp8, scaled_mm_fp8, scaled_mm_fp8_quant  # noqa: F401,E402
+from .inductor.fuse_quant import fusable_filter  # noqa: F401,E402
 from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantLinear,  # noqa: F401,E402
                        quantization_report, quantize_)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402

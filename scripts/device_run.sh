@@ -50,6 +50,10 @@ STEPS=(
     "between-shipped|OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --log benchmarks/logs/sm90_gemm_build.jsonl --rounds 6 --out \$OUT/between_shipped.json"
     "matrix|python3 benchmarks/matrix_run.py --out \$OUT/matrix \$CENSUS --max-points 8 --max-fill 2 --rounds 3 --budget-s 480"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
+    "quant-fusion-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_quant_fusion_gpu.py"
+    "lnq-bench|python3 benchmarks/layer_norm_quant.py --widths 256,512,768,1024 --iters 50 --out \$OUT/layer_norm_quant.json"
+    "e2e-int8-fused|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 3 --iters 20 --profile 3 --out \$OUT/e2e_int8_fused_conformer_M.json"
+    "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --out \$OUT/e2e_int8_fused_whisper_small.json"
 )
 
 list_steps() {

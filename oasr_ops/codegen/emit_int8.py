@@ -24,6 +24,9 @@ from .templates import ABI_VERSION
 from .templates import environment as _env
 
 OUT_DTYPES = ("fp16", "bf16", "int8")
+# Quantizing variants with an activation before the quantization (op `scaled_mm_act_quant`): ``int8_<act>``.
+ACTIVATIONS = ("gelu", "silu")
+VARIANTS = OUT_DTYPES + tuple(f"int8_{a}" for a in ACTIVATIONS)
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "int8": 16}  # 128-bit stores
 _OPERAND_ALIGN = 16  # int8 elements per 128-bit load
@@ -155,10 +158,13 @@ def emit_visitor_kernel(op: GemmOperation, epilogue_type: str) -> EmittedKernel:
     return EmittedKernel(name, definition, includes)
 
 
-def render_scaled_mm(lane, config: Config, dtype: str) -> str:
-    """The full translation unit of one scaled_mm kernel (`render.render` dispatches here by lane family)."""
-    if dtype not in OUT_DTYPES:
-        raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (output dtypes {', '.join(OUT_DTYPES)})")
+def render_scaled_mm(lane, config: Config, variant: str) -> str:
+    """The full translation unit of one scaled_mm kernel (`render.render` dispatches here by lane family).
+    `variant`: an output dtype, or ``int8_<act>`` (activation, then quantization: the existing variants render
+    byte-identically, the activation is a branch of the template of its own)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"dtype {variant!r} not supported by {lane.name} (variants {', '.join(VARIANTS)})")
+    dtype, _, act = variant.partition("_")
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if dtype == "int8" and config.kernel_schedule == "streamk":
@@ -170,8 +176,9 @@ def render_scaled_mm(lane, config: Config, dtype: str) -> str:
     return _env().get_template(lane.template).render(
         lane=lane.name,
         config_id=config.id,
-        dtype=dtype,
+        dtype=variant,
         quant=dtype == "int8",
+        act=act,
         element_d=ELEMENT_D[dtype],
         element_bias=ELEMENT_BIAS[dtype],
         tile=list(config.tile),

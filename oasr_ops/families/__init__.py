@@ -11,3 +11,4 @@ from . import scaled_mm  # noqa: F401  (int8 W8A8: torch.ops.oasr.scaled_mm / sc
 from . import bmm  # noqa: F401  (batched GEMM of attention: torch.ops.oasr.bmm)
 from . import conv1d  # noqa: F401  (depthwise conv1d of the Conformer conv module: torch.ops.oasr.conv1d_depthwise)
 from . import scaled_mm_fp8  # noqa: F401  (fp8 e4m3 W8A8: torch.ops.oasr.scaled_mm_fp8 / scaled_mm_fp8_quant)
+from . import layer_norm_quant  # noqa: F401  (fused LayerNorm -> per-token quantization)

@@ -17,6 +17,10 @@ non-default):
   covers are measured into the user tier before the graph is compiled; with ``strict=True`` an uncovered point
   raises `UncoveredPointsError` instead of compiling with fallbacks. Every other option is an Inductor config
   patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours.
+* ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`). Then, for every int8
+  graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
+  its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
+  calibrated scale, `oasr_ops.calibrate`). ``options={"fuse_quantization": False}`` turns it off.
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
@@ -58,6 +62,10 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         from .quantize_pass import quantize_graph
 
         quantize_graph(gm, example_inputs, quantization)
+    if opts.pop("fuse_quantization", True):  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
+        from .fuse_quant import fuse_quantization
+
+        fuse_quantization(gm)
     tuning = opts.pop("tuning", None)
     if tuning is not None:
         from ..tune.config import TuningConfig

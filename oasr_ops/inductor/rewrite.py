@@ -133,7 +133,8 @@ def _family_sources() -> list[Path]:
     from ..runtime import plans, registry, select
 
     paths = [Path(__file__), Path(graph.__file__), Path(select.__file__), Path(plans.__file__),
-             Path(__file__).with_name("quantize_pass.py")]
+             Path(__file__).with_name("quantize_pass.py"), Path(__file__).with_name("fuse_quant.py"),
+             Path(__file__).with_name("quant_patterns.py")]
     for spec in registry.families().values():
         matcher = spec.handler("rewrite")
         if matcher is None:

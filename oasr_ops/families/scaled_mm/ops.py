@@ -214,6 +214,13 @@ def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _lib.impl("quantize_per_token", _quantize_per_token, "CompositeImplicitAutograd")
+# The same dynamic per-token quantization, carrying the input's calibrated per-tensor scale (`oasr_ops.calibrate`)
+# for the backend's fusion pass: where the producer is a GEMM + activation, the pass moves the quantization into
+# that GEMM's epilogue with the calibrated scale (`oasr::scaled_mm_act_quant`); everywhere else the scale is
+# unused and the quantization stays dynamic per token (inductor/fuse_quant.py).
+_lib.define("quantize_per_token_calibrated(Tensor x, Tensor calibrated_scale) -> (Tensor, Tensor)")
+_lib.impl("quantize_per_token_calibrated", lambda x, calibrated_scale: _quantize_per_token(x),
+          "CompositeImplicitAutograd")
 
 
 def _check_out_scale_values(out_scale: torch.Tensor) -> None:
@@ -336,7 +343,10 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str):
+def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str,
+                variant: str | None = None, fallback=None):
+    """The launch of one kernel; `variant` / `fallback` override the op's kernel variant and its torch run (the
+    activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant)."""
     try:
         lane = lane_of(cfg, arch, FAMILY)
     except ConfigError as e:
@@ -347,7 +357,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
         return None
-    dt = kernel_dtype(op, out_dtype)
+    dt = variant or kernel_dtype(op, out_dtype)
     try:
         kern = get_kernel(lane, cfg, dt, arch)
     except (BuildError, LoadError) as e:
@@ -359,7 +369,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
         return None
     ws_bytes = int(kern.workspace_size(m, n, k))
     run_c = kern.run
-    fallback = _torch_run(op, out_dtype)
+    fallback = fallback or _torch_run(op, out_dtype)
     expand_scale_w = cfg.generation == "2x"  # the 2.x row broadcast loads float4 vectors: no scalar broadcast
     vec_align = 16 if cfg.generation == "2x" else 4
     out_elt = torch.int8 if op == "scaled_mm_quant" else out_dtype

@@ -23,13 +23,22 @@ class Int8W8A8Config:
       kernel: the scaled_mm config every quantized layer calls: ``"auto"`` (default: the tuning DB's scaled_mm
         entry for the layer's signature, else the int8 shape heuristic), ``"heuristic"``, ``"default"``, or one
         config id of the int8 lane (pins a tile, e.g. for a benchmark).
+
+      layers: which linears the backend's in-graph quantization (``options={"quantization": ...}``) converts:
+        ``"all"`` (default: every qualifying one) or ``"fusable"`` (only those whose input quantization the fusion
+        pass moves into the producer: after a LayerNorm, or after GELU/SiLU of such a layer when calibrated —
+        `oasr_ops.inductor.fuse_quant.fusable_linears`; the rest stay fp16, where int8 does not pay). For
+        `quantize_`, the same choice is the filter `oasr_ops.fusable_filter(model, *example_inputs)`.
     """
 
     kernel: str = "auto"
+    layers: str = "all"
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
             raise ValueError(f"Int8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+        if self.layers not in ("all", "fusable"):
+            raise ValueError(f"Int8W8A8Config.layers must be 'all' or 'fusable', got {self.layers!r}")
 
 
 # The string names of the older API -> their config type (constructed with its defaults). Other families add

@@ -32,12 +32,17 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
-                     out_dtype: torch.dtype, config: str = "auto") -> torch.Tensor:
+                     out_dtype: torch.dtype, config: str = "auto",
+                     input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` of an int8 W8A8 layer: per-token activation quantization, then `oasr::scaled_mm`. Shared by
-    `QuantLinear` and the backend's `options={"quantization": ...}` rewrite, so both run the same ops."""
+    `QuantLinear` and the backend's `options={"quantization": ...}` rewrite, so both run the same ops. A calibrated
+    `input_scale` ([1], `oasr_ops.calibrate`) rides along for the fusion pass (the op still quantizes per token)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
-    q, scale_a = torch.ops.oasr.quantize_per_token(x2)
+    if input_scale is None:
+        q, scale_a = torch.ops.oasr.quantize_per_token(x2)
+    else:
+        q, scale_a = torch.ops.oasr.quantize_per_token_calibrated(x2, input_scale)
     y = torch.ops.oasr.scaled_mm(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
     y = y.reshape(*lead, weight_q.shape[0])
     return y if y.dtype == x.dtype else y.to(x.dtype)
@@ -61,6 +66,14 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_q", weight_q)
         self.register_buffer("scale_w", scale_w)
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+        # fp32 [1]: the calibrated per-tensor scale of this layer's input (`oasr_ops.calibrate`), or None
+        self.register_buffer("input_scale", None)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # a calibrated state dict
+        key = prefix + "input_scale"
+        if key in state_dict and self.input_scale is None:
+            self.input_scale = torch.empty_like(state_dict[key], device=self.weight_q.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
@@ -70,11 +83,13 @@ class QuantLinear(nn.Module):
         return cls(wq, sw, linear.bias, out_dtype, config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config)
+        return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
+                                self.input_scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}")
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}, "
+                f"calibrated={self.input_scale is not None}")
 
 
 def quantize_module(model: nn.Module, config: str = "auto",

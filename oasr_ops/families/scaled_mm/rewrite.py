@@ -13,12 +13,15 @@ from . import ops
 FAMILY = "scaled_mm"
 _CONFIG_ARG = 6  # scaled_mm(a, w, scale_a, scale_w, bias, out_dtype|out_scale, config)
 _BIAS_ARG = 4
+# scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation, config): the quantizing op's tiles
+_CONFIG_ARG_ACT = 7
 
 
 def rewrite(ctx: RewriteContext) -> None:
     """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm[_quant] site."""
     targets = {torch.ops.oasr.scaled_mm.default: ("scaled_mm", ops.select_config),
-               torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config)}
+               torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config),
+               torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", ops.select_quant_config)}
     for node in ctx.graph.nodes:
         if node.op != "call_function" or node.target not in targets:
             continue
@@ -32,13 +35,14 @@ def rewrite(ctx: RewriteContext) -> None:
         n, k = int(wval.shape[0]), int(wval.shape[1])
         m = aval.numel() // k
         m_int = static_int(m)
-        config, tier = node.args[_CONFIG_ARG], ""
+        at = _CONFIG_ARG_ACT if node.target is torch.ops.oasr.scaled_mm_act_quant.default else _CONFIG_ARG
+        config, tier = node.args[at], ""
         if ctx.bake and config == "auto":
             if m_int is not None:  # the family's own selection: a heuristic answer becomes a concrete tile
                 sel = select(n, k, m_int, ctx.arch)
                 config, tier = sel.config, sel.tier
             else:
                 config, tier, _sig = bake(FAMILY, op, "int8", n, k, None, ctx.arch)
-            node.args = (*node.args[:_CONFIG_ARG], config)
+            node.args = (*node.args[:at], config, *node.args[at + 1:])
         ctx.record(ops.signature(op, n, k), FAMILY, op, "int8", n, k, m, config=config, tier=tier, node=node.name,
                    bias=node.args[_BIAS_ARG] is not None)

@@ -1,0 +1,198 @@
+"""int8 with the quantization fused into its producers vs fp16, end to end, on any encoder (issue 15).
+
+  python benchmarks/e2e_int8_fused.py --model examples.conformer:build_model --model-args size=M \
+      --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 3 --out e2e_int8_fused.json
+
+Variants (each compiles its own copy of the same fp16 weights, mode="reduce-overhead": CUDA graphs):
+  fp16       backend="inductor" (the baseline the issue's goal is measured against)
+  int8-fused `fusable_filter` (the layers after a LayerNorm, and fc2 after fc1 + GELU/SiLU) -> `quantize_` ->
+             `calibrate` on --calib-batches fresh inputs -> backend="oasr" (fusion pass: LayerNorm ->
+             oasr.layer_norm_quant, fc1 -> oasr.scaled_mm_act_quant -> fc2)
+  int8-all   (--with-unfused) every qualifying layer int8, fusion pass off: the pre-issue-15 int8 path
+R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
+timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
+task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
+greedy decoding (argmax per frame, repeats collapsed, blanks dropped): frame-argmax agreement with fp32 and the
+token error rate (edit distance / reference tokens). --profile N: the top kernels of N calls of int8-fused
+without CUDA graphs (`e2e_conformer.profile`; --profile-fp16 adds fp16 inductor). --device cpu runs the same logic once, untimed (a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+
+def _kwargs(s):
+    from e2e_compare import _kwargs as kw
+
+    return kw(s)
+
+
+def ctc_greedy(logits: torch.Tensor) -> list[list[int]]:
+    ids = logits.argmax(-1).cpu()
+    out = []
+    for row in ids:
+        toks, prev = [], -1
+        for t in row.tolist():
+            if t != prev and t != 0:
+                toks.append(t)
+            prev = t
+        out.append(toks)
+    return out
+
+
+def edit_distance(a: list[int], b: list[int]) -> int:
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y))
+        prev = cur
+    return prev[-1]
+
+
+def accuracy(out: torch.Tensor, ref: torch.Tensor, head: torch.nn.Module, ref_tokens, ref_argmax) -> dict:
+    with torch.no_grad():
+        logits = head(out.float())
+    toks = ctc_greedy(logits)
+    errs = sum(edit_distance(r, t) for r, t in zip(ref_tokens, toks))
+    n = max(1, sum(len(r) for r in ref_tokens))
+    return {"rel_err_vs_fp32": ((out.float() - ref).abs().max() / ref.abs().max()).item(),
+            "ctc_frame_agreement": (logits.argmax(-1) == ref_argmax).float().mean().item(),
+            "ctc_token_error_rate": errs / n}
+
+
+def latency_ms(fn, x, iters: int) -> float:
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(*x)
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--model-args", default="")
+    p.add_argument("--inputs", required=True)
+    p.add_argument("--input-args", default="")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--calib-batches", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--with-unfused", action="store_true", help="also time int8-all (every layer, no fusion)")
+    p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
+    p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    import oasr_ops
+    from e2e_compare import _load
+    from oasr_ops.inductor import fuse_quant
+    from oasr_ops.inductor.backend import oasr_backend
+
+    dev, cuda = a.device, a.device == "cuda"
+    mode = "reduce-overhead" if cuda else "default"
+    build, inputs = _load(a.model), _load(a.inputs)
+    margs, iargs = _kwargs(a.model_args), _kwargs(a.input_args)
+    model = build(**margs, dtype=torch.float16, device=dev, seed=0).eval()
+    x = tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=1))
+    ref_model = build(**margs, dtype=torch.float32, device=dev, seed=0).eval()
+    with torch.no_grad():
+        ref = ref_model(*(t.float() if t.is_floating_point() else t for t in x)).float()
+    del ref_model
+    torch.manual_seed(123)
+    head = torch.nn.Linear(ref.shape[-1], a.vocab).to(dev)
+    with torch.no_grad():
+        ref_logits = head(ref)
+    ref_tokens, ref_argmax = ctc_greedy(ref_logits), ref_logits.argmax(-1)
+    print(f"fp32 reference: {tuple(ref.shape)}, {sum(len(t) for t in ref_tokens)} greedy CTC tokens", flush=True)
+
+    t0 = time.perf_counter()
+    flt = oasr_ops.fusable_filter(copy.deepcopy(model), *x)
+    torch.compiler.reset()
+    qmodel = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
+    calib = [tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=100 + i)) for i in range(a.calib_batches)]
+    scales = oasr_ops.calibrate(qmodel, calib)
+    n_int8 = sum(isinstance(m, oasr_ops.QuantLinear) for m in qmodel.modules())
+    n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    print(f"int8 layers: {n_int8} of {n_lin} linears; {len(scales)} calibrated ({time.perf_counter() - t0:.1f}s)",
+          flush=True)
+    variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
+                "int8-fused": (qmodel, oasr_backend, {})}
+    if a.with_unfused:
+        variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
+                                {"fuse_quantization": False})
+    fns, res = {}, {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d"), "model": a.model, "model_args": margs, "inputs": iargs,
+                    "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
+                    "first_call_s": {}, "accuracy": {}, "round_ms": {}}
+    with torch.no_grad():
+        for name, (m, backend, opts) in variants.items():
+            torch.compiler.reset()
+            before = len(fuse_quant.fuse_log())
+            if backend == "inductor":
+                fn = torch.compile(m, backend="inductor", mode=mode)
+            else:
+                fn = torch.compile(m, backend=backend, options={**opts, "mode": mode})
+            t0 = time.perf_counter()
+            out = fn(*x)
+            if cuda:
+                torch.cuda.synchronize()
+            res["first_call_s"][name] = time.perf_counter() - t0
+            for _ in range(3 if cuda else 0):
+                out = fn(*x)
+            res["accuracy"][name] = accuracy(out, ref, head, ref_tokens, ref_argmax)
+            reps = fuse_quant.fuse_log()[before:]
+            if reps:
+                res.setdefault("fusion", {})[name] = {
+                    "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
+                    "act_quant": sum(r.act_quant for r in reps),
+                    "unfused": [u for r in reps for u in r.unfused][:20]}
+            print(name, res["first_call_s"][name], res["accuracy"][name], res.get("fusion", {}).get(name),
+                  flush=True)
+            fns[name] = fn
+            res["round_ms"][name] = []
+        for r in range(a.rounds if cuda else 0):
+            order = list(fns) if r % 2 == 0 else list(fns)[::-1]
+            for name in order:
+                res["round_ms"][name].append(latency_ms(fns[name], x, a.iters))
+            print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms" for n in fns), flush=True)
+    if cuda:
+        summary = {}
+        for n, ts in res["round_ms"].items():
+            med = statistics.median(ts)
+            summary[n] = {"median_ms": med, "spread_pct": 100 * (max(ts) - min(ts)) / med}
+        summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
+        res["summary"] = summary
+        print(json.dumps(summary, indent=1), flush=True)
+    if a.profile and cuda:
+        from e2e_conformer import profile
+
+        # int8-fused only: the "before" profiles (fp16 oasr, unfused int8) are benchmarks/logs/
+        # sm90_e2e_conformer_M_int8_profile.json (`device_run.sh e2e-profile`); --profile-fp16 adds fp16 inductor.
+        res["profile"] = {"int8-fused": profile(qmodel, "oasr+int8", x[0], a.profile, False)}
+        if a.profile_fp16:
+            res["profile"]["fp16"] = profile(variants["fp16"][0], "inductor", x[0], a.profile, False)
+    res["tuning_report"] = oasr_ops.tuning_report(print_=False)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

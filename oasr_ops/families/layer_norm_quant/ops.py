@@ -1,0 +1,145 @@
+"""`oasr::layer_norm_quant`: LayerNorm over the last dim fused with symmetric per-token quantization.
+
+``oasr::layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, bool normalized, str scheme,
+str config) -> (Tensor q, Tensor scale, Tensor y)``
+    x: ``[..., N]`` fp16 / bf16 (fp32 runs the reference everywhere), contiguous. weight, bias: ``[N]`` of x's
+    dtype or fp32, or None. scheme: the quantization scheme (``"int8"``; the kernels are keyed by it so an fp8
+    scheme plugs in as one more variant). config: ``"auto"`` (the per-width table `AUTO_BY_WIDTH`) or an
+    ``lnq_r{threads_per_row}_v{vec}`` id.
+    Returns q (int8, x's shape), scale (fp32 ``[M]``, M = x.numel() / N) and y: the normalized row in x's dtype
+    when ``normalized`` (another consumer reads it), else an empty tensor (nothing written).
+
+The formula (what the reference computes and the kernel reproduces; tolerances in tests/test_layer_norm_quant*.py)::
+
+    y = round_to_x_dtype(layer_norm_fp32(x, weight, bias, eps))      # what the unfused LayerNorm writes
+    scale = max(amax(|y|, -1), 1e-12) / 127;  q = clamp(round_half_even(y / scale), -127, 127)
+
+i.e. exactly `oasr::quantize_per_token` of the unfused LayerNorm's output: fusing changes the passes over memory,
+not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
+JIT-built kernel (templates/layer_norm_quant.cu.j2), which is CUDA-graph capturable (current stream, caching
+allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..autograd import inference_only
+from ...codegen.render_layer_norm_quant import SCHEMES, SPACE, LnqConfig, parse_lnq  # noqa: F401
+from ...runtime.plans import WarnOnce
+
+_lib = torch.library.Library("oasr", "FRAGMENT")
+_lib.define("layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, bool normalized, str scheme, "
+            "str config) -> (Tensor, Tensor, Tensor)", tags=(torch.Tag.needs_fixed_stride_order,))
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_QMAX = {"int8": 127.0}
+_QDTYPE = {"int8": torch.int8}
+# Width -> config before the H200 sweep (benchmarks/layer_norm_quant.py measures every config per width and
+# prints the winners; numbers pending). One CTA of 128 threads covers 4 rows of <= 256, 2 of <= 512, 1 of <= 1024.
+AUTO_BY_WIDTH = ((256, "lnq_r32_v8"), (512, "lnq_r64_v8"), (1024, "lnq_r128_v8"), (8192, "lnq_r256_v8"))
+_warn_once = WarnOnce()
+
+
+def auto_config(n: int) -> LnqConfig | None:
+    """The config "auto" serves for width n, None when no kernel holds such a row (the reference runs)."""
+    for width, cid in AUTO_BY_WIDTH:
+        if n <= width:
+            return parse_lnq(cid)
+    return None
+
+
+def _check(x, weight, bias, eps, scheme, config) -> None:
+    op = "oasr.layer_norm_quant"
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{op}: x must be a tensor [..., N] with N > 0")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{op}: x must be float16, bfloat16 or float32, got {x.dtype}")
+    n = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.dtype not in (x.dtype, torch.float32):
+            raise ValueError(f"{op}: {name} must have x's dtype ({x.dtype}) or float32, got {t.dtype}")
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"{op}: {name} must have shape ({n},), got {tuple(t.shape)}")
+        if t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+    if not isinstance(eps, float) or not eps >= 0.0:
+        raise ValueError(f"{op}: eps must be a float >= 0, got {eps!r}")
+    if scheme not in SCHEMES or scheme not in _QMAX:
+        raise ValueError(f"{op}: unknown scheme {scheme!r}; supported: {', '.join(_QMAX)}")
+    if config != "auto":
+        parse_lnq(config)
+
+
+def _check_layout(x, weight, bias) -> None:
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"oasr.layer_norm_quant: {name} (shape {tuple(t.shape)}, stride {t.stride()}) is not "
+                             "contiguous; call .contiguous() first")
+
+
+def reference_layer_norm_quant(x, weight, bias, eps: float, normalized: bool, scheme: str = "int8"):
+    """The op's formula in torch ops (fp32 LayerNorm, rounded to x's dtype, then per-token quantization)."""
+    n = x.shape[-1]
+    y = torch.nn.functional.layer_norm(x.float(), (n,), None if weight is None else weight.float(),
+                                       None if bias is None else bias.float(), eps).to(x.dtype)
+    yf = y.float().reshape(-1, n)
+    qmax = _QMAX[scheme]
+    scale = yf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / qmax
+    q = torch.round(yf / scale).clamp_min(-qmax).clamp_max(qmax).to(_QDTYPE[scheme]).reshape(x.shape)
+    return q, scale.reshape(-1), (y if normalized else x.new_empty((0,)))
+
+
+def _cpu(x, weight, bias, eps, normalized, scheme, config):
+    _check(x, weight, bias, eps, scheme, config)
+    _check_layout(x, weight, bias)
+    return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
+
+
+def _fake(x, weight, bias, eps, normalized, scheme, config):
+    _check(x, weight, bias, eps, scheme, config)
+    m = x.numel() // x.shape[-1]
+    return (x.new_empty(x.shape, dtype=_QDTYPE[scheme]), x.new_empty((m,), dtype=torch.float32),
+            x.new_empty(x.shape if normalized else (0,)))
+
+
+def _cuda(x, weight, bias, eps, normalized, scheme, config):
+    _check(x, weight, bias, eps, scheme, config)
+    _check_layout(x, weight, bias)
+    n = x.shape[-1]
+    m = x.numel() // n
+    cfg = auto_config(n) if config == "auto" else parse_lnq(config)
+    kern = None
+    if x.dtype != torch.float32 and m > 0 and cfg is not None and n <= cfg.max_width:
+        from .kernels import get_kernel
+
+        kern = get_kernel(cfg, x.dtype, scheme, x.device)
+    if kern is None or kern.can_implement(m, n) != 0:
+        return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
+    q = torch.empty(x.shape, dtype=_QDTYPE[scheme], device=x.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x) if normalized else x.new_empty((0,))
+    rc = kern.run(x.data_ptr(), None if weight is None else weight.data_ptr(), int(weight is not None
+                  and weight.dtype == torch.float32), None if bias is None else bias.data_ptr(),
+                  int(bias is not None and bias.dtype == torch.float32), q.data_ptr(), scale.data_ptr(),
+                  y.data_ptr() if normalized else None, m, n, float(eps),
+                  torch._C._cuda_getCurrentRawStream(x.get_device()))
+    if rc == 1:  # a row the 1-element instantiation cannot hold (unaligned operands): the reference serves it
+        _warn_once(f"oasr.layer_norm_quant: {cfg.id} cannot serve unaligned N={n}; using the reference for it")
+        return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
+    if rc != 0:
+        raise RuntimeError(f"oasr.layer_norm_quant: kernel {cfg.id} failed with status {rc} on M={m} N={n}")
+    return q, scale, y
+
+
+_lib.impl("layer_norm_quant", _cpu, "CPU")
+_lib.impl("layer_norm_quant", _cuda, "CUDA")
+torch.library.register_fake("oasr::layer_norm_quant", _fake, lib=_lib)
+inference_only("oasr::layer_norm_quant", _lib)
+
+
+def layer_norm_quant(x, weight=None, bias=None, eps: float = 1e-5, normalized: bool = False,
+                     scheme: str = "int8", config: str = "auto"):
+    """(q, scale, y): LayerNorm of x's last dim quantized per token; y is empty unless `normalized`."""
+    return torch.ops.oasr.layer_norm_quant.default(x, weight, bias, float(eps), bool(normalized), scheme, config)

@@ -1,0 +1,113 @@
+"""`oasr::scaled_mm_act_quant`: the int8 GEMM whose epilogue applies an activation and quantizes the result to
+int8 with a static scale — the FFN's fc1 -> GELU/SiLU -> (quantize) -> fc2 without the fp16 hidden tensor.
+
+``oasr::scaled_mm_act_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, Tensor out_scale,
+str activation, str config) -> Tensor``
+    As `oasr::scaled_mm_quant` (same operands, checks and tiles: the DB op is ``scaled_mm_quant``), with
+    ``activation`` in ``("gelu", "silu")`` applied in fp32 after the bias and before the quantization::
+
+        y = scale_a[:, None] * (scale_w[None, :] * float32(acc)) (+ bias);  q = sat_int8(rne(act(y) / out_scale))
+
+    out_scale is the calibrated per-tensor scale of the next GEMM's input (`oasr_ops.calibrate`), shape [1]
+    (or [M]). Why static: a dynamic per-token scale needs the amax of a whole output row, which spans every
+    N-tile CTA of the GEMM (a cross-CTA reduction or a second pass); a calibrated scale needs neither.
+
+CUDA runs the ``int8_<activation>`` variant of the scaled_mm lanes' kernels (templates/sm90_scaled_mm.cu.j2 and
+sm80, a template branch of its own; the other variants render byte-identically); CPU the reference below. The
+kernels compute the activation with IEEE erff / expf, so a quantized value may differ from the reference by one
+step where act(y) / out_scale lies within rounding of a .5 boundary.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..autograd import inference_only
+from ...runtime import select as _select
+from ...runtime.plans import PlanCache, check_config_arg, make_plan
+from . import ops
+
+ACTIVATIONS = ("gelu", "silu")
+_lib = torch.library.Library("oasr", "FRAGMENT")
+_lib.define("scaled_mm_act_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, "
+            "Tensor out_scale, str activation, str config) -> Tensor", tags=(torch.Tag.needs_fixed_stride_order,))
+
+
+def apply_activation(y: torch.Tensor, activation: str) -> torch.Tensor:
+    """The activation in fp32, as the epilogue computes it (erf GELU; SiLU = y / (1 + exp(-y)))."""
+    if activation == "gelu":
+        return 0.5 * y * (1.0 + torch.erf(y * (1.0 / math.sqrt(2.0))))
+    return y / (1.0 + torch.exp(-y))
+
+
+def reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation) -> torch.Tensor:
+    n, k = w.shape
+    y = ops._epilogue_fp32(ops.int_acc(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    q = torch.round(apply_activation(y, activation) / out_scale.reshape(-1, 1)).clamp_min(-128.0).clamp_max(127.0)
+    return q.to(torch.int8).reshape(*a.shape[:-1], n)
+
+
+def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
+    ops._check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"oasr.scaled_mm_act_quant: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_config_arg(config, "scaled_mm_quant")
+
+
+def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
+    _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+    ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                      ("bias", bias), ("out_scale", out_scale))
+    ops._check_out_scale_values(out_scale)
+    return reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
+
+
+def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
+    _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+    return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
+
+
+_PLANS = PlanCache()
+
+
+def _make_plan(config: str, activation: str, m: int, n: int, k: int):
+    arch = ops._current_arch(None) or "sm80"
+    sig = ops.signature("scaled_mm_quant", n, k)
+
+    def torch_run(_sentinel):
+        return lambda a, w, sa, sw, bias, out_scale: reference_scaled_mm_act_quant(a, w, sa, sw, bias, out_scale,
+                                                                                   activation)
+    return make_plan(ops.FAMILY, config, m, n, k, arch, sig,
+                     select=lambda: _select.serve_config(ops.FAMILY, "scaled_mm_quant", "int8", n, k, m, arch),
+                     torch_run=torch_run,
+                     kernel_run=lambda cfg: ops._kernel_run("scaled_mm_quant", cfg, None, m, n, k, arch, sig,
+                                                            variant=f"int8_{activation}",
+                                                            fallback=torch_run("torch")))
+
+
+def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
+    _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+    ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                      ("bias", bias), ("out_scale", out_scale))
+    ops._check_out_scale_values(out_scale)
+    n, k = w.shape
+    m = ops._rows(a, k)
+    if m == 0:
+        return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
+    key = (config, activation, m, n, k, bias is not None, a.device, ops._epoch())
+    plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+    plan.calls += 1
+    return plan.run(a, w, scale_a, scale_w, bias, out_scale)
+
+
+_lib.impl("scaled_mm_act_quant", _cpu, "CPU")
+_lib.impl("scaled_mm_act_quant", _cuda, "CUDA")
+torch.library.register_fake("oasr::scaled_mm_act_quant", _fake, lib=_lib)
+inference_only("oasr::scaled_mm_act_quant", _lib)
+reset_plans = _PLANS.clear
+
+
+def scaled_mm_act_quant(a, w, scale_a, scale_w, out_scale, activation: str, bias=None, config: str = "auto"):
+    """int8 GEMM -> activation -> int8 with the static `out_scale` (the next GEMM's `scale_a`)."""
+    return torch.ops.oasr.scaled_mm_act_quant.default(a, w, scale_a, scale_w, bias, out_scale, activation, config)

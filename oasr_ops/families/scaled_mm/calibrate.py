@@ -1,0 +1,96 @@
+"""`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 layers, from representative data.
+
+Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each `QuantLinear` (a `quantize_`d model)
+or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores
+``scale = max(amax, tiny) / 127`` (fp32 [1]):
+
+* on a `QuantLinear` (after `quantize_`) as its ``input_scale`` buffer — saved in its state dict, loaded back by a
+  quantized model (`QuantLinear._load_from_state_dict`);
+* for a plain `nn.Linear` (the ``options={"quantization": ...}`` path quantizes in the graph) in a weak table keyed
+  by the layer's weight `nn.Parameter` (`calibrated_scale`), which the in-graph quantization reads.
+
+Who uses the scale: only the backend's fusion pass, where a GEMM's output goes through an activation into the next
+int8 GEMM (fc1 -> GELU/SiLU -> fc2): fc1's epilogue quantizes with fc2's calibrated scale
+(`oasr::scaled_mm_act_quant`). Every other quantization stays dynamic per token (LayerNorm outputs through
+`oasr::layer_norm_quant`). Per tensor, not per row: the epilogue cannot see a whole row (N is split over CTAs).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .quantize import QuantLinear, qualifies
+
+# id(weight) -> (weak reference to it, scale); by identity (a WeakKeyDictionary would compare tensors with ==)
+_BY_WEIGHT: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+QMAX = 127.0
+
+
+def calibrated_scale(weight: Any) -> torch.Tensor | None:
+    """The calibrated input scale of the plain `nn.Linear` owning `weight`, or None."""
+    entry = _BY_WEIGHT.get(id(weight))
+    if entry is None or entry[0]() is not weight:
+        return None
+    return entry[1]
+
+
+def _remember(weight: nn.Parameter, scale: torch.Tensor) -> None:
+    key = id(weight)
+    _BY_WEIGHT[key] = (weakref.ref(weight, lambda _r, _k=key: _BY_WEIGHT.pop(_k, None)), scale)
+
+
+def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The `QuantLinear`s of a `quantize_`d model; the qualifying `nn.Linear`s of a model that has none."""
+    quant = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
+    if quant:
+        return quant
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and qualifies(m)]
+
+
+def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None,
+              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> dict[str, float]:
+    """Record per-tensor input scales (module docstring); returns ``{fqn: scale}``. `batches`: an iterable of
+    inputs, each passed as ``model(*b)`` when a tuple/list, ``model(**b)`` when a dict, else ``model(b)`` (or
+    `forward(model, b)`). `filter_fn(module, fqn)` narrows the layers. ValueError when no batch was given."""
+    amax: dict[str, torch.Tensor] = {}
+    hooks = []
+    chosen = [(n, m) for n, m in _layers(model) if filter_fn is None or filter_fn(m, n)]
+    for name, layer in chosen:
+        def hook(_mod, args, _name=name):
+            x = args[0].detach()
+            a = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
+            prev = amax.get(_name)
+            amax[_name] = a if prev is None else torch.maximum(prev, a)
+        hooks.append(layer.register_forward_pre_hook(hook))
+    seen = 0
+    try:
+        with torch.no_grad():
+            for b in batches:
+                seen += 1
+                if forward is not None:
+                    forward(model, b)
+                elif isinstance(b, dict):
+                    model(**b)
+                elif isinstance(b, (tuple, list)):
+                    model(*b)
+                else:
+                    model(b)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not seen:
+        raise ValueError("calibrate: no batches (pass an iterable of representative model inputs)")
+    out: dict[str, float] = {}
+    for name, layer in chosen:
+        if name not in amax:
+            continue  # not reached by these batches: left dynamic
+        scale = (amax[name].clamp_min(1e-12) / QMAX).reshape(1).to(torch.float32)
+        if isinstance(layer, QuantLinear):
+            layer.input_scale = scale.to(layer.weight_q.device)
+        else:
+            _remember(layer.weight, scale.to(layer.weight.device))
+        out[name] = float(scale)
+    return out

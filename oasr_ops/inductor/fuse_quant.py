@@ -1,0 +1,170 @@
+"""The backend's quantization fusion pass: move activation quantization into its producer, on Dynamo's graph.
+
+Both int8 paths reach the backend with the same node structure (``quantize_`` models through `QuantLinear`, the
+``options={"quantization": ...}`` path through `quantize_pass`): ``reshape -> contiguous ->
+oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``. Two rewrites:
+
+1. LayerNorm -> quantize: ``layer_norm(x)`` whose output (through views) feeds per-token quantizations becomes one
+   ``oasr.layer_norm_quant(x)``: one read of x writes the int8 row and its scale; every quantizing consumer of that
+   LayerNorm (Q, K and V of an attention block) reads them. The normalized fp16 row is written too only when a
+   consumer other than a quantization reads it (``normalized=True``).
+2. GEMM -> activation -> quantize: ``scaled_mm(...) -> gelu|silu -> quantize_per_token_calibrated(., s)`` (fc1 ->
+   act -> fc2 with fc2 calibrated) becomes ``oasr.scaled_mm_act_quant(..., out_scale=s, act)``: the int8 hidden
+   comes out of fc1's epilogue and fc2 reads it with ``scale_a = s``; the fp16 hidden is never written.
+
+Why on Dynamo's graph (before AOTAutograd) rather than as a post-grad pattern: there LayerNorm, GELU/SiLU, the
+reshapes and our ops are single nodes; post-grad, LayerNorm and the composite quantization are decomposed into
+a dozen ATen ops whose form changes with dtype and torch version. The result is part of the graph that
+AOTAutograd traces, so Inductor's FX-graph cache key covers it (a cache hit cannot skip it); the pass's source is
+hashed into `OasrRewritePass.uuid` as well (`rewrite._family_sources`).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+
+from .quant_patterns import (_QUANT, _QUANT_CAL, _SCALED_MM, _activation, _is_view, _layer_norm_args,  # noqa: F401
+                             fusable_linears, restore_rows, through_views)
+
+
+@dataclass
+class FuseReport:
+    layer_norm_quant: int = 0   # LayerNorms served by oasr.layer_norm_quant
+    quant_consumers: int = 0    # quantizations those absorbed
+    act_quant: int = 0          # GEMM -> activation -> quantization chains served by oasr.scaled_mm_act_quant
+    unfused: list[str] = field(default_factory=list)  # quantizations left as they were, and why
+
+
+def _getitems(q: torch.fx.Node) -> dict[int, torch.fx.Node]:
+    return {u.args[1]: u for u in q.users if u.op == "call_function" and u.target is operator.getitem}
+
+
+def _shape_only_use(user: torch.fx.Node, of: torch.fx.Node) -> bool:
+    """`user` reads only the shape / dtype of `of` (once traced, `of`'s data has no reader there)."""
+    if user.op == "call_function" and user.target is restore_rows:
+        return user.args[0] is not of
+    return user.op == "call_method" and user.target in ("size", "dim")
+
+
+def _chain_users_only_lead_to(start: torch.fx.Node, allowed: set) -> bool:
+    """Every use of `start`'s data, followed through views, ends in `allowed` nodes."""
+    for u in start.users:
+        if u in allowed or _shape_only_use(u, start):
+            continue
+        if _is_view(u) and _chain_users_only_lead_to(u, allowed):
+            continue
+        return False
+    return True
+
+
+def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: FuseReport) -> None:
+    g = gm.graph
+    by_ln: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for q in quants:
+        src = through_views(q.args[0])
+        if _layer_norm_args(src) is not None:
+            by_ln.setdefault(src, []).append(q)
+    for ln, qs in by_ln.items():
+        x, w, b, eps = _layer_norm_args(ln)
+        k = ln.meta.get("example_value")
+        width = int(k.shape[-1]) if isinstance(k, torch.Tensor) else None
+        if width is None:
+            rep.unfused.append(f"{ln.name}: LayerNorm without a known width")
+            continue
+        others = not _chain_users_only_lead_to(ln, set(qs))
+        with g.inserting_before(ln):
+            xc = g.call_method("contiguous", (x,))
+            lnq = g.call_function(torch.ops.oasr.layer_norm_quant.default, (xc, w, b, eps, others, "int8", "auto"))
+            q_rows = g.call_method("reshape", (g.call_function(operator.getitem, (lnq, 0)), -1, width))
+            scale = g.call_function(operator.getitem, (lnq, 1))
+            y = g.call_function(operator.getitem, (lnq, 2)) if others else None
+        for q in qs:
+            items = _getitems(q)
+            if 0 in items:
+                items[0].replace_all_uses_with(q_rows)
+            if 1 in items:
+                items[1].replace_all_uses_with(scale)
+            rep.quant_consumers += 1
+        if y is not None:
+            y.meta.update(ln.meta)
+            ln.replace_all_uses_with(y)
+        rep.layer_norm_quant += 1
+
+
+def _fuse_act_quant(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: FuseReport) -> None:
+    g = gm.graph
+    for q in quants:
+        if q.target not in _QUANT_CAL:
+            continue
+        act_node = through_views(q.args[0])
+        act = _activation(act_node)
+        gemm = through_views(act_node.args[0]) if act else None
+        if not (isinstance(gemm, torch.fx.Node) and gemm.op == "call_function" and gemm.target in _SCALED_MM):
+            continue
+        if not (_chain_users_only_lead_to(act_node, {q}) and _chain_users_only_lead_to(gemm, {act_node})):
+            rep.unfused.append(f"{q.name}: the {act} output or its GEMM's output has another consumer")
+            continue
+        a, w, sa, sw, bias = gemm.args[:5]
+        config = gemm.args[6] if len(gemm.args) > 6 else "auto"
+        out_scale = q.args[1]
+        with g.inserting_before(q):
+            bias32 = g.call_method("float", (bias,)) if bias is not None else None
+            h = g.call_function(torch.ops.oasr.scaled_mm_act_quant.default,
+                                (a, w, sa, sw, bias32, out_scale, act, config))
+            h_rows = g.call_method("reshape", (h, -1, g.call_method("size", (h, -1))))
+        items = _getitems(q)
+        if 0 in items:
+            items[0].replace_all_uses_with(h_rows)
+        if 1 in items:
+            items[1].replace_all_uses_with(out_scale)
+        rep.act_quant += 1
+
+
+_LOG: list[FuseReport] = []  # every report of this process (tests, benchmarks), oldest first; bounded
+
+
+def fuse_log() -> list[FuseReport]:
+    return list(_LOG)
+
+
+def fuse_quantization(gm: torch.fx.GraphModule) -> FuseReport:
+    """Apply both rewrites to `gm` in place (module docstring); returns what was fused."""
+    rep = FuseReport()
+    _LOG.append(rep)
+    del _LOG[:-64]
+    quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _QUANT | _QUANT_CAL]
+    if not quants:
+        return rep
+    _fuse_act_quant(gm, quants, rep)
+    _fuse_layer_norms(gm, quants, rep)
+    gm.graph.eliminate_dead_code()
+    left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _QUANT | _QUANT_CAL]
+    for n in left:
+        rep.unfused.append(f"{n.name}: producer {getattr(through_views(n.args[0]), 'name', '?')} is not a "
+                           "LayerNorm, nor a GEMM + GELU/SiLU with a calibrated scale")
+    gm.graph.lint()
+    gm.recompile()
+    return rep
+
+
+def fusable_filter(model: torch.nn.Module, *args, **kwargs):
+    """A `quantize_` filter_fn selecting the layers of `model` whose quantization the fusion pass absorbs
+    (`fusable_linears`, without the calibration requirement: calibrate after `quantize_`). Traces `model(*args,
+    **kwargs)` once with Dynamo (no compilation)."""
+    names = {id(m.weight): fqn for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    found: set[str] = set()
+
+    def capture(gm, example_inputs):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+        for lin in fusable_linears(gm, value_of, require_calibration=False):
+            fqn = names.get(id(value_of.get(lin.args[1])))
+            if fqn is not None:
+                found.add(fqn)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(*args, **kwargs)
+    return lambda module, fqn: fqn in found

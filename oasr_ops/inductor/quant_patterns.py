@@ -1,0 +1,89 @@
+"""Graph patterns shared by the int8 passes (`quantize_pass`, `fuse_quant`): what a quantized linear's input
+quantization can be fused into, seen on Dynamo's graph (views looked through, LayerNorm and GELU/SiLU nodes,
+`restore_rows`), and which linears int8 pays for."""
+from __future__ import annotations
+
+import torch
+
+
+def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The quantized linear's [M, N] output back to x's leading dims (and dtype: an fp32 layer computes in fp16)."""
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+_QUANT = {torch.ops.oasr.quantize_per_token, torch.ops.oasr.quantize_per_token.default}
+_QUANT_CAL = {torch.ops.oasr.quantize_per_token_calibrated, torch.ops.oasr.quantize_per_token_calibrated.default}
+_SCALED_MM = {torch.ops.oasr.scaled_mm, torch.ops.oasr.scaled_mm.default}
+_LAYER_NORMS = {torch.nn.functional.layer_norm, torch.layer_norm}
+_GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
+_SILU = {torch.nn.functional.silu, torch.ops.aten.silu, torch.ops.aten.silu.default}
+_VIEW_METHODS = {"reshape", "view", "contiguous"}
+
+
+def _is_view(n: torch.fx.Node) -> bool:
+    if n.op == "call_method" and n.target in _VIEW_METHODS:
+        return True
+    return n.op == "call_function" and n.target in (torch.reshape, restore_rows)
+
+
+def through_views(n):
+    """The producer of `n` looking through reshapes / views / contiguous (and `restore_rows`)."""
+    while isinstance(n, torch.fx.Node) and _is_view(n):
+        n = n.args[0]
+    return n
+
+
+def _arg(node: torch.fx.Node, i: int, name: str, default=None):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _activation(n) -> str | None:
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return None
+    if n.target in _GELU:
+        return "gelu" if _arg(n, 1, "approximate", "none") == "none" else None
+    if n.target in _SILU:
+        return "silu"
+    return None
+
+
+def _layer_norm_args(n) -> tuple | None:
+    """(x, weight, bias, eps) of a LayerNorm over the last dim, else None."""
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function" or n.target not in _LAYER_NORMS:
+        return None
+    shape = _arg(n, 1, "normalized_shape")
+    if not isinstance(shape, (tuple, list)) or len(shape) != 1:
+        return None
+    return n.args[0], _arg(n, 2, "weight"), _arg(n, 3, "bias"), float(_arg(n, 4, "eps", 1e-5))
+
+
+_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
+
+
+def fusable_linears(gm: torch.fx.GraphModule, value_of: dict | None = None,
+                    require_calibration: bool = True) -> list[torch.fx.Node]:
+    """The `linear` nodes of a Dynamo graph whose input quantization the fusion pass absorbs: input from a
+    LayerNorm (-> `layer_norm_quant`), or from GELU/SiLU of a linear that is itself in the list (-> fc1's
+    `scaled_mm_act_quant`; with `require_calibration`, only when the layer has a calibrated scale — `value_of`
+    maps the weight placeholders to the parameters, i.e. the backend's example inputs). The others — attention
+    out-projections, the conv module's pointwise2 — would pay a separate quantization pass per call, which costs
+    more than their int8 GEMM saves (docs/perf/e2e.md: 6.0 ms with every layer int8 vs 4.68 ms with only the
+    layers after a LayerNorm, fp16 4.34 ms, Conformer M on the H200)."""
+    from ..families.scaled_mm.calibrate import calibrated_scale
+
+    value_of = value_of or {}
+    chosen: list[torch.fx.Node] = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in _LINEARS:
+            continue
+        src = through_views(n.args[0])
+        if _layer_norm_args(src) is not None:
+            chosen.append(n)
+        elif _activation(src) and through_views(src.args[0]) in chosen:
+            w = value_of.get(n.args[1])
+            if not require_calibration or (w is not None and calibrated_scale(w) is not None):
+                chosen.append(n)
+    return chosen
+
+

@@ -1,0 +1,102 @@
+"""oasr::scaled_mm_act_quant on CPU (reference vs an independent float64 computation, fake, checks), its kernel
+variants (the existing variants' sources unchanged; the activation branch only in int8_<act>), the rewrite's
+config baking."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import oasr_ops
+from oasr_ops.codegen.render import render
+from oasr_ops.families.scaled_mm.lanes import LANES
+
+
+def _operands(m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    sa = torch.rand(m, generator=g) * 1e-3 + 1e-4
+    sw = torch.rand(n, generator=g) * 1e-3 + 1e-4
+    bias = torch.randn(n, generator=g)
+    return a, w, sa, sw, bias
+
+
+def _expected(a, w, sa, sw, bias, out_scale, act):
+    acc = a.double() @ w.double().t()
+    y = sa.double()[:, None] * sw.double()[None, :] * acc + (0 if bias is None else bias.double())
+    if act == "gelu":
+        y = 0.5 * y * (1 + torch.erf(y / math.sqrt(2)))
+    else:
+        y = y / (1 + torch.exp(-y))
+    return torch.round(y / out_scale.double().reshape(-1, 1)).clamp(-128, 127).to(torch.int8)
+
+
+@pytest.mark.parametrize("m", [1, 7, 17, 127, 1000])
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_reference_matches_float64(m, act):
+    a, w, sa, sw, bias = _operands(m, 64, 96, m)
+    out_scale = torch.tensor([0.02])
+    q = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=bias)
+    want = _expected(a, w, sa, sw, bias, out_scale, act)
+    assert q.dtype == torch.int8 and q.shape == (m, 64)
+    assert (q.int() - want.int()).abs().max() <= 1 and (q == want).float().mean() > 0.99
+
+
+def test_per_row_out_scale_and_no_bias_and_leading_dims():
+    a, w, sa, sw, _ = _operands(12, 32, 48, 3)
+    out_scale = torch.rand(12) * 0.05 + 0.01
+    q = oasr_ops.scaled_mm_act_quant(a.reshape(3, 4, 48), w, sa, sw, out_scale, "silu")
+    assert q.shape == (3, 4, 32)
+    want = _expected(a, w, sa, sw, None, out_scale, "silu")
+    assert (q.reshape(12, 32).int() - want.int()).abs().max() <= 1
+
+
+def test_fake_and_checks():
+    a, w, sa, sw, bias = _operands(8, 32, 48, 1)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fa = torch.empty(2, 4, 48, dtype=torch.int8)
+        out = torch.ops.oasr.scaled_mm_act_quant(fa, w, sa, sw, bias, torch.ones(1), "gelu", "auto")
+        assert out.shape == (2, 4, 32) and out.dtype == torch.int8
+    with pytest.raises(ValueError, match="activation must be one of"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "relu")
+    with pytest.raises(ValueError, match="bias must have dtype torch.float32"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias.half())
+    with pytest.raises(ValueError, match="finite and > 0"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.zeros(1), "gelu")
+    with pytest.raises(ValueError, match="out_scale must have shape"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(32), "gelu")
+
+
+@pytest.mark.parametrize("lane", LANES, ids=lambda ln: ln.name)
+def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane):
+    cfg = lane.default
+    plain = render(lane, cfg, "int8")
+    assert "Activated" not in plain and "struct Act" not in plain
+    for act in ("gelu", "silu"):
+        src = render(lane, cfg, f"int8_{act}")
+        assert "using Activated" in src and "struct Act" in src
+        assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
+        # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure
+        assert src.count("QuantRn") == plain.count("QuantRn")
+    with pytest.raises(ValueError, match="not supported"):
+        render(lane, cfg, "fp16_gelu")
+
+
+def test_rewrite_bakes_the_act_quant_config():
+    from oasr_ops.families.graph import rewrite_graph
+
+    a, w, sa, sw, bias = _operands(40, 64, 96, 5)
+
+    def f(a, w, sa, sw, bias, s):
+        return torch.ops.oasr.scaled_mm_act_quant(a, w, sa, sw, bias, s, "gelu", "auto")
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f, tracing_mode="fake")(a, w, sa, sw, bias, torch.ones(1))
+    res = rewrite_graph(gm.graph, bake=True, arch="sm90")
+    node = next(n for n in gm.graph.nodes if n.target is torch.ops.oasr.scaled_mm_act_quant.default)
+    assert node.args[6] == "gelu" and node.args[7] not in ("auto",)
+    assert any(s.op == "scaled_mm_quant" for s in res.sites)

@@ -1,0 +1,188 @@
+"""The backend's quantization fusion on real torch.compile graphs (CPU: the graph is traced and rewritten like on
+the GPU; the ops run their references): LayerNorm -> oasr.layer_norm_quant, fc1 -> GELU/SiLU -> fc2 with fc2
+calibrated -> oasr.scaled_mm_act_quant feeding fc2; no node re-reads an activation only to quantize it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import oasr_ops
+from oasr_ops.inductor import fuse_quant
+from oasr_ops.inductor.backend import oasr_backend
+
+OPS = torch.ops.oasr
+
+
+class Block(nn.Module):
+    """Pre-LN transformer FFN (+ an attention-like projection whose input is no LayerNorm)."""
+
+    def __init__(self, d=64, act=nn.GELU, proj=False) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1, self.act, self.fc2 = nn.Linear(d, 4 * d), act(), nn.Linear(4 * d, d)
+        self.proj = nn.Linear(d, d) if proj else None
+
+    def forward(self, x):
+        y = x + self.fc2(self.act(self.fc1(self.ln(x))))
+        return y + self.proj(torch.tanh(y)) if self.proj is not None else y
+
+
+class Capture:
+    """A user post-grad pass (the backend chains it after its own): keeps the graph Inductor lowers."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.Graph] = []
+
+    def __call__(self, graph):
+        self.graphs.append(copy.deepcopy(graph))
+
+    def uuid(self):
+        return None  # bypass the caches: the pass must run
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def _compile(model, x, **options):
+    cap = Capture()
+    with torch.no_grad():
+        out = torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": cap})(x)
+    return out, cap.graphs[-1]
+
+
+def _calls(graph, op):
+    return [n for n in graph.nodes if n.op == "call_function" and n.target is op.default]
+
+
+def _ancestors(node):
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
+def _assert_fused_ffn(graph, act):
+    x = [n for n in graph.nodes if n.op == "placeholder"]
+    lnq, = _calls(graph, OPS.layer_norm_quant)
+    aq, = _calls(graph, OPS.scaled_mm_act_quant)
+    assert aq.args[6] == act
+    assert lnq in _ancestors(aq)  # fc1 reads the LayerNorm's int8 row and scale
+    fc2 = [n for n in _calls(graph, OPS.scaled_mm) if aq in n.all_input_nodes]
+    assert len(fc2) == 1 and fc2[0].args[0] is aq  # fc2 reads fc1's int8 output directly
+    # No node re-reads an activation only to quantize it: every amax left (the in-graph weight quantization of
+    # the options path) reduces a weight, never anything computed from the input x.
+    act_input = next(n for n in x if n in lnq.all_input_nodes or n in _ancestors(lnq))
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in (torch.ops.aten.amax.default, torch.ops.aten.max.dim):
+            assert act_input not in _ancestors(n), f"{n} quantizes an activation"
+    assert not _calls(graph, OPS.quantize_per_token) and not _calls(graph, OPS.scaled_mm_quant)
+
+
+@pytest.mark.parametrize("act,name", [(nn.GELU, "gelu"), (nn.SiLU, "silu")])
+def test_options_quantization_fuses_layer_norm_and_fc1_activation(act, name):
+    torch.manual_seed(0)
+    model = Block(act=act).to(torch.float16).eval()
+    x = torch.randn(2, 33, 64, dtype=torch.float16)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).float()(x.float())
+    oasr_ops.calibrate(model, [torch.randn(2, 33, 64, dtype=torch.float16) for _ in range(4)] + [x])
+    out, graph = _compile(model, x, quantization="int8_w8a8")
+    _assert_fused_ffn(graph, name)
+    rep = fuse_quant.fuse_log()[-1]
+    assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (1, 1, [])
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 5e-2, err
+
+
+def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops():
+    torch.manual_seed(1)
+    model = Block().to(torch.bfloat16).eval()
+    x = torch.randn(3, 17, 64, dtype=torch.bfloat16)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    oasr_ops.calibrate(q, [x])
+    out, graph = _compile(q, x)
+    _assert_fused_ffn(graph, "gelu")
+    assert not [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.amax.default]
+    # the fused graph computes exactly what its ops compute when called one by one
+    with torch.no_grad():
+        qq, s, _ = oasr_ops.layer_norm_quant(x.contiguous(), q.ln.weight, q.ln.bias, q.ln.eps)
+        h = oasr_ops.scaled_mm_act_quant(qq.reshape(-1, 64), q.fc1.weight_q, s, q.fc1.scale_w, q.fc2.input_scale,
+                                         "gelu", bias=q.fc1.bias.float())
+        y = oasr_ops.scaled_mm(h, q.fc2.weight_q, q.fc2.input_scale, q.fc2.scale_w, q.fc2.bias, torch.bfloat16)
+        want = x + y.reshape(x.shape)
+    assert torch.equal(out, want)
+
+
+def test_without_calibration_the_layer_norm_fuses_and_fc2_stays_dynamic():
+    model = Block().to(torch.float16).eval()
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    x = torch.randn(2, 9, 64, dtype=torch.float16)
+    _out, graph = _compile(q, x)
+    assert len(_calls(graph, OPS.layer_norm_quant)) == 1 and not _calls(graph, OPS.scaled_mm_act_quant)
+    rep = fuse_quant.fuse_log()[-1]
+    assert rep.act_quant == 0 and len(rep.unfused) == 1 and "gelu" in rep.unfused[0]
+
+
+def test_layer_norm_with_another_consumer_writes_the_normalized_row():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc = nn.LayerNorm(64), nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = self.ln(x)
+            return self.fc(h) + h
+
+    m = oasr_ops.quantize_(Two().half().eval(), "int8_w8a8")
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    out, graph = _compile(m, x)
+    lnq, = _calls(graph, OPS.layer_norm_quant)
+    assert lnq.args[4] is True
+    with torch.no_grad():
+        assert torch.equal(out, m(x))  # dynamic per token both ways: the same ops, the same bits
+
+
+def test_fuse_quantization_option_off_keeps_the_unfused_graph():
+    q = oasr_ops.quantize_(Block().half().eval(), "int8_w8a8")
+    _out, graph = _compile(q, torch.randn(2, 5, 64, dtype=torch.float16), fuse_quantization=False)
+    assert not _calls(graph, OPS.layer_norm_quant)
+
+
+def test_fusable_layers_leave_out_the_projection_after_no_norm():
+    model = Block(proj=True).half().eval()
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    flt = oasr_ops.fusable_filter(model, x)
+    chosen = {fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and flt(m, fqn)}
+    assert chosen == {"fc1", "fc2"}
+    oasr_ops.calibrate(model, [x])
+    _out, graph = _compile(model, x, quantization=oasr_ops.Int8W8A8Config(layers="fusable"))
+    assert len(_calls(graph, OPS.scaled_mm)) == 1  # fc2; proj stays fp16 (an aten mm)
+    assert len(_calls(graph, OPS.scaled_mm_act_quant)) == 1
+
+
+def test_calibration_round_trips_through_the_state_dict():
+    model = Block().half().eval()
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    scales = oasr_ops.calibrate(q, [x, x * 2])
+    assert set(scales) == {"fc1", "fc2"}
+    with torch.no_grad():
+        assert scales["fc1"] == pytest.approx(float(q.ln(x * 2).abs().max()) / 127, rel=1e-3)
+    fresh = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    assert fresh.fc2.input_scale is None
+    fresh.load_state_dict(q.state_dict())
+    assert torch.equal(fresh.fc2.input_scale, q.fc2.input_scale) and "calibrated=True" in repr(fresh.fc2)
+    with pytest.raises(ValueError, match="no batches"):
+        oasr_ops.calibrate(q, [])

@@ -1,0 +1,183 @@
+"""The quantization-fusion kernels on the GPU (H200): oasr::layer_norm_quant (every config, widths, odd M,
+fp16/bf16, weight/bias dtypes, the normalized output, unaligned operands, poisoned outputs, CUDA-graph capture)
+and oasr::scaled_mm_act_quant (gelu/silu variants of the int8 lanes vs the reference), plus the fused FFN block
+compiled with reduce-overhead.
+
+Run: ``pytest -m gpu tests/test_quant_fusion_gpu.py``. Kernels are built first, in parallel.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():  # pragma: no cover - CPU CI never selects gpu tests
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import oasr_ops  # noqa: E402
+from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
+from oasr_ops.codegen.render_layer_norm_quant import SPACE  # noqa: E402
+from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
+from oasr_ops.families.layer_norm_quant.ops import reference_layer_norm_quant  # noqa: E402
+from oasr_ops.families.scaled_mm.act_quant import reference_scaled_mm_act_quant  # noqa: E402
+from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
+from oasr_ops.runtime.registry import get_lane  # noqa: E402
+
+DEV = torch.device("cuda")
+ARCH = current_arch_family()
+SMM_LANE = get_lane("sm90_int8_wgmma" if ARCH == "sm90" else "sm80_int8_mma")
+MS = (1, 7, 17, 127, 1000, 4000)
+WIDTHS = (64, 144, 256, 512, 768, 1024, 1280, 2048)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    arch = cuda_arch_of(DEV)
+    specs = [spec_for(c, dt, "int8", arch) for c in SPACE for dt in (torch.float16, torch.bfloat16)]
+    specs += [JitSpec.for_kernel(SMM_LANE, SMM_LANE.default, f"int8_{a}", ARCH) for a in ("gelu", "silu")]
+    rep = build_many(specs, progress=False)
+    print(rep.summary(), flush=True)
+    assert not rep.failed, rep.summary()
+
+
+def _poison():
+    """Fill and free a block so the next allocations reuse memory holding 0x80 bytes (int8 -128, which the
+    layer-norm kernel never writes; fp32 / fp16 tiny negatives)."""
+    small = [torch.full((1 << 19,), 0x80, dtype=torch.uint8, device=DEV) for _ in range(64)]  # < 1 MB: small pool
+    large = torch.full((64 << 20,), 0x80, dtype=torch.uint8, device=DEV)
+    del small, large
+
+
+def _check_lnq(x, w, b, eps, normalized, config):
+    _poison()
+    q, s, y = oasr_ops.layer_norm_quant(x, w, b, eps, normalized=normalized, config=config)
+    torch.cuda.synchronize()
+    rq, rs, ry = reference_layer_norm_quant(x, w, b, eps, normalized)
+    assert (q != -128).all(), "unwritten output"
+    assert (s > 0).all() and torch.allclose(s, rs, rtol=1e-2, atol=0)
+    assert (q.int() - rq.int()).abs().max().item() <= 1
+    assert (q == rq).float().mean().item() > 0.98
+    if normalized:
+        tol = 2 ** -7 if x.dtype == torch.bfloat16 else 2 ** -9
+        assert torch.allclose(y.float(), ry.float(), rtol=tol, atol=tol)
+    else:
+        assert y.numel() == 0
+
+
+@pytest.mark.parametrize("config", [c.id for c in SPACE])
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_layer_norm_quant_every_config_every_width(config, dtype):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for n in WIDTHS:
+        if n > next(c for c in SPACE if c.id == config).max_width:
+            continue
+        for m in (1, 17, 1000):
+            x = (torch.randn(m, n, device=DEV, generator=g) * 2 + 0.3).to(dtype)
+            w = (torch.rand(n, device=DEV, generator=g) + 0.5).to(dtype)
+            b = torch.randn(n, device=DEV, generator=g).to(dtype)
+            _check_lnq(x, w, b, 1e-5, m == 17, config)
+
+
+@pytest.mark.parametrize("m", MS)
+def test_layer_norm_quant_auto_odd_m_fp32_params_no_params(m):
+    x = torch.randn(m, 3, 768, device=DEV, dtype=torch.float16)
+    _check_lnq(x, torch.rand(768, device=DEV) + 0.5, torch.randn(768, device=DEV) * 0.1, 1e-6, True, "auto")
+    _check_lnq(x, None, None, 1e-5, False, "auto")
+
+
+def test_layer_norm_quant_unaligned_and_wide_rows_fall_back_correctly():
+    buf = torch.randn(1 + 37 * 256, device=DEV, dtype=torch.float16)
+    x = buf[1:].view(37, 256)  # contiguous, not 16-byte aligned: the 1-element instantiation
+    _check_lnq(x, None, None, 1e-5, True, "lnq_r256_v8")
+    _check_lnq(torch.randn(5, 100, device=DEV, dtype=torch.float16), None, None, 1e-5, True, "auto")  # N % 8
+    _check_lnq(torch.randn(5, 12288, device=DEV, dtype=torch.bfloat16), None, None, 1e-5, False, "auto")  # ref
+
+
+def test_layer_norm_quant_under_cuda_graph_capture():
+    x = torch.randn(1000, 512, device=DEV, dtype=torch.float16)
+    w, b = torch.rand(512, device=DEV, dtype=torch.float16), torch.randn(512, device=DEV, dtype=torch.float16)
+    oasr_ops.layer_norm_quant(x, w, b)  # build / load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, s, _ = oasr_ops.layer_norm_quant(x, w, b)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    rq, rs, _ = reference_layer_norm_quant(x, w, b, 1e-5, False)
+    assert (q.int() - rq.int()).abs().max().item() <= 1 and torch.allclose(s, rs, rtol=1e-2)
+
+
+@pytest.mark.parametrize("act", ("gelu", "silu"))
+@pytest.mark.parametrize("m", (1, 7, 17, 127, 1000, 4000))
+def test_scaled_mm_act_quant_matches_the_reference(act, m):
+    g = torch.Generator(device=DEV).manual_seed(m)
+    n, k = 1024, 256
+    a = torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), device=DEV, dtype=torch.int8, generator=g)
+    sa = torch.rand(m, device=DEV, generator=g) * 2e-3 + 1e-4
+    sw = torch.rand(n, device=DEV, generator=g) * 2e-3 + 1e-4
+    bias = torch.randn(n, device=DEV, generator=g)
+    for out_scale, b in ((torch.tensor([0.05], device=DEV), bias), (torch.rand(m, device=DEV) * 0.05 + 0.02, None)):
+        _poison()
+        got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=SMM_LANE.default.id)
+        want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
+        assert (got.int() - want.int()).abs().max().item() <= 1
+        assert (got == want).float().mean().item() > 0.999
+
+
+def test_scaled_mm_act_quant_under_cuda_graph_capture():
+    m, n, k = 4000, 1024, 256
+    a = torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), device=DEV, dtype=torch.int8)
+    sa, sw = torch.full((m,), 1e-3, device=DEV), torch.full((n,), 1e-3, device=DEV)
+    s = torch.tensor([0.05], device=DEV)
+    cfg = SMM_LANE.default.id
+    oasr_ops.scaled_mm_act_quant(a, w, sa, sw, s, "silu", config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, s, "silu", config=cfg)
+    a.copy_(torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference_scaled_mm_act_quant(a, w, sa, sw, None, s, "silu")
+    assert (out.int() - want.int()).abs().max().item() <= 1
+
+
+class _Block(nn.Module):
+    def __init__(self, d=512):
+        super().__init__()
+        self.ln, self.fc1, self.act, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(self.ln(x))))
+
+
+def test_fused_block_compiled_with_cuda_graphs():
+    torch.manual_seed(0)
+    ref = _Block().to(DEV).eval()
+    x = torch.randn(8, 250, 512, device=DEV)
+    with torch.no_grad():
+        want = ref(x)
+    # the lane default tile everywhere: its int8_gelu kernel is the one the module fixture built
+    q = oasr_ops.quantize_(copy.deepcopy(ref).half(), oasr_ops.Int8W8A8Config(kernel=SMM_LANE.default.id))
+    oasr_ops.calibrate(q, [x.half()])
+    torch.compiler.reset()
+    from oasr_ops.inductor.backend import oasr_backend
+
+    fn = torch.compile(q, backend=oasr_backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            out = fn(x.half())
+        torch.cuda.synchronize()
+    err = ((out.float() - want).abs().max() / want.abs().max()).item()
+    assert err < 2e-2, err
+    from oasr_ops.inductor.fuse_quant import fuse_log
+
+    rep = fuse_log()[-1]
+    assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (1, 1, [])
