@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...codegen.render import render
 from ...runtime import registry
 from . import ops  # noqa: F401  (registers torch.ops.oasr.conv1d_depthwise)
+from . import pointwise as _pointwise
 from . import rewrite as _rewrite
 from .kernels import prebuild_specs
 from .lanes import LANES
@@ -18,13 +19,19 @@ from .ops import conv1d_depthwise, fold_batchnorm  # noqa: F401  (the family's P
 
 
 def _rewrite_handler(ctx) -> None:
-    """`handlers["rewrite"]`: run the depthwise matcher on ctx.graph and record its sites and skips."""
+    """`handlers["rewrite"]`: the conv module in [B, T, C]. Pointwise convs on transposed views -> the gemm
+    family's GEMM (pointwise.py), transposes sunk through GLU / the mask, then the depthwise matcher (which now
+    sees [B, T, C] inputs), then the pointwise convs that only now read a transposed view (the one after the
+    depthwise conv); each site and skip is recorded."""
+    _pointwise.rewrite_pointwise(ctx.graph, ctx, record_skips=False)
+    _pointwise.sink_transposes(ctx.graph)
     res = _rewrite.rewrite(ctx.graph, ctx)
     for s in res.sites:
         op = "conv1d" if s.layout == "bct" else "conv1d_btc"
         ctx.record(s.signature, "conv1d", op, s.dtype, s.channels, s.kernel_width, s.rows, config=s.config,
                    tier=s.tier, node=s.node, activation=s.activation, bias=True)
     ctx.result.skipped.extend(res.skipped)
+    _pointwise.rewrite_pointwise(ctx.graph, ctx, record_skips=True)
 
 
 FAMILY = registry.register(registry.FamilySpec(

@@ -105,6 +105,13 @@ def _is_param(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
 
 
+def is_pointwise(conv: torch.fx.Node) -> bool:
+    """True when `conv` is a 1-D convolution with a kernel of 1 and one group (pointwise.py's sites)."""
+    wv = _val(conv.args[1]) if len(conv.args) > 1 else None
+    groups = conv.args[8] if len(conv.args) > 8 else None
+    return isinstance(wv, torch.Tensor) and wv.dim() == 3 and _static(wv.shape[2]) == 1 and _static(groups) == 1
+
+
 def _list_is(x: Any, value: int) -> bool:
     return isinstance(x, (list, tuple)) and len(x) == 1 and _static(x[0]) == value
 
@@ -260,8 +267,8 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
     """Rewrite every matching depthwise conv site of `graph` in place (module docstring)."""
     res = ConvRewriteResult()
     for conv in list(graph.nodes):
-        if not _is(conv, aten.convolution.default):
-            continue
+        if not _is(conv, aten.convolution.default) or is_pointwise(conv):
+            continue  # pointwise convs: pointwise.py records them
         why = _conv_reason(conv)
         if why is not None:
             res.skipped.append((conv.name, why))
