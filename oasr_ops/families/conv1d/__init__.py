@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...codegen.render import render
 from ...runtime import registry
 from . import ops  # noqa: F401  (registers torch.ops.oasr.conv1d_depthwise)
+from . import candidates
 from . import pointwise as _pointwise
 from . import rewrite as _rewrite
 from .kernels import prebuild_specs
@@ -44,5 +45,7 @@ FAMILY = registry.register(registry.FamilySpec(
     no_arch="default",
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served, "prebuild_specs": prebuild_specs,
+              "candidates": candidates.candidates, "operands": candidates.operands,
+              "host_probe": candidates.host_probe,
               "rewrite": _rewrite_handler},
 ))
