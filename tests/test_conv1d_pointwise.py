@@ -83,6 +83,9 @@ def test_conv_module_runs_in_btc(dtype, masked, t):
     targets = calls(gm)
     assert aten.convolution.default not in targets
     assert targets.count(torch.ops.oasr.gemm.default) == 2
+    dw = next(n for n in gm.graph.nodes if n.target == torch.ops.oasr.conv1d_depthwise.default)
+    # without a mask the GLU runs in the depthwise op's prologue; with one, GLU + mask stay an elementwise node
+    assert dw.args[-1] is (not masked) and (aten.glu.default in targets) is masked
     # no transpose is left on a value path: only the mask's (bool, [B, 1, T]) permute remains
     perms = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == aten.permute.default]
     assert all(n.meta["val"].dtype == torch.bool for n in perms), [n.format_node() for n in perms]
@@ -167,6 +170,7 @@ def test_example_conformer_conv_module_through_make_fx():
     assert [(s.family, s.op, s.n, s.k) for s in res.sites] == [
         ("gemm", "gemm", 64, 32), ("conv1d", "conv1d_btc", 32, 15), ("gemm", "gemm", 32, 32)]
     assert aten.convolution.default not in calls(gm) and res.skipped == []
+    assert aten.glu.default not in calls(gm)  # in the depthwise op's prologue
     out = gm(state, x)
     err = (out.float() - expect).abs().max() / expect.abs().max()
     assert err < 2e-2, err

@@ -27,8 +27,11 @@ cuBLAS everywhere (`graph.keeps_aten`) becomes the plain ``aten.mm`` / ``addmm``
     glu(permute(y), 1)                ->  permute(glu(y, 2), [0, 2, 1])
     where(c, s, permute(y))           ->  permute(where(permute(c), permute(s), y), [0, 2, 1])   (masked_fill)
 
-GLU is therefore still one Inductor elementwise kernel (fused with the mask), written in [B, T, C]; it is not
-fused into the GEMM's epilogue or the depthwise conv's prologue (docs/perf/conv.md says what that costs).
+Without a mask the depthwise conv's input is then ``permute(glu(y, 2))``: the conv1d matcher runs the GLU in the
+depthwise kernel's prologue (``glu=True``: it reads the GEMM's [B, T, 2C] output and computes a * sigmoid(g) on
+load; the GLU output is never written). With a padding mask between them (``where``), GLU + mask stay one Inductor
+elementwise kernel, written in [B, T, C], and the depthwise conv reads that. GLU is not fused into the GEMM's
+epilogue (it pairs output columns N/2 apart, which the epilogue visitor trees cannot express).
 """
 from __future__ import annotations
 

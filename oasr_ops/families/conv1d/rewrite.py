@@ -14,6 +14,7 @@ the lead wires it):
 What matches::
 
     x_bct = permute(x_btc, [0, 2, 1]) | transpose(x_btc, 1, 2)        (optional: then layout "btc")
+    x = glu(y, <channel dim>)                                          (optional: the op's GLU prologue reads y)
     y = convolution(x_bct, w [C, 1, Kw], b?, stride [1], padding [Kw // 2], dilation [1], transposed False,
                     output_padding [0], groups C)                     C = in = out channels, Kw odd 3..31
     y = getitem(_native_batch_norm_legit_no_training(y, gamma?, beta?, mean, var, momentum, eps), 0)  (optional;
@@ -59,6 +60,7 @@ class ConvSite:
     dtype: str = ""
     rows: Any = None  # M = B * T (int or SymInt): the DB's M axis for conv1d regions
     tier: str = ""  # the tier that answered the baked config ("" when not baked)
+    glu: bool = False  # the GLU before the conv runs in the op's prologue
 
 
 @dataclass
@@ -248,6 +250,18 @@ def _erase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         graph.erase_node(node)
 
 
+def _glu_source(src: Any, layout: str) -> torch.fx.Node | None:
+    """y when `src` is ``glu(y, <channel dim of layout>)`` with no other user (its value is never needed)."""
+    if not _is(src, aten.glu.default) or len(_users(src)) != 1:
+        return None
+    dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", -1)
+    y = src.args[0]
+    yv = _val(y)
+    if not isinstance(yv, torch.Tensor) or yv.dim() != 3 or int(dim) % 3 != (1 if layout == "bct" else 2):
+        return None
+    return y
+
+
 def _config(ctx: Any, dtype: torch.dtype, layout: str, c: int, kw: int, xv: torch.Tensor) -> tuple[str, str]:
     """(config, tier) to bake; ("auto", "") when not baking or B x T is symbolic (resolved per call)."""
     if not getattr(ctx, "bake", True):
@@ -291,13 +305,17 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
         layout, src = "bct", x
         if _is_swap_12(x) and isinstance(_val(x.args[0]), torch.Tensor):
             layout, src = "btc", x.args[0]
+        glu_node, glu_src = src, _glu_source(src, layout)
+        if glu_src is not None:  # F.glu over the channels feeds the conv: the op computes it on load
+            src = glu_src
         back = _single_user(tail)
         transposed_back = layout == "btc" and _is_swap_12(back)
         config, tier = _config(ctx, xv.dtype, layout, c, kw, _val(src))
 
         bld = _Builder(graph, conv)
         w2, b2 = _fold(bld, w, b, bn, c)
-        op = bld(torch.ops.oasr.conv1d_depthwise.default, src, w2, b2, kw // 2, layout, activation, config)
+        op = bld(torch.ops.oasr.conv1d_depthwise.default, src, w2, b2, kw // 2, layout, activation, config,
+                 glu_src is not None)
         if layout == "btc" and not transposed_back:
             out = bld(aten.permute.default, op, [0, 2, 1])  # a [B, C, T] view for consumers that expect one
         else:
@@ -308,8 +326,10 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             _erase(graph, node)
         if layout == "btc":
             _erase(graph, x)
+        if glu_src is not None:
+            _erase(graph, glu_node)
         sv = _val(src)
         rows = sv.shape[0] * (sv.shape[2] if layout == "bct" else sv.shape[1])
         res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None, c, kw, config,
-                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier))
+                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier, glu_src is not None))
     return res
