@@ -174,3 +174,31 @@ def test_example_conformer_conv_module_through_make_fx():
     out = gm(state, x)
     err = (out.float() - expect).abs().max() / expect.abs().max()
     assert err < 2e-2, err
+
+
+def test_example_linear_form_conv_module():
+    """The Linear form (examples/conformer.py's default): Linear -> GLU(-1) -> transpose -> depthwise -> BatchNorm
+    -> transpose -> SiLU -> Linear. The GLU runs in the depthwise op's prologue (layout btc) and the SiLU after the
+    transpose back is fused too; the Linears are the gemm family's (not this family's) sites."""
+    cfg = conformer.config_for("S", d_model=32, num_heads=2, conv_kernel=15)
+    torch.manual_seed(1)
+    mod = conformer.ConvolutionModule(cfg).eval()
+    with torch.no_grad():
+        mod.conv_norm.running_mean.uniform_(-0.5, 0.5)
+        mod.conv_norm.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 23, 32, dtype=torch.float16)
+    with torch.no_grad():
+        expect = mod(x.float())
+    mod = mod.half()
+    state = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
+    gm = make_fx(lambda state, x: functional_call(mod, state, (x,)), tracing_mode="fake")(state, x)
+    res = rewrite_graph(gm.graph, bake=False)
+    gm.recompile()
+    dw = [s for s in res.sites if s.family == "conv1d"]
+    assert [(s.op, s.activation) for s in dw] == [("conv1d_btc", "silu")]
+    targets = calls(gm)
+    assert aten.glu.default not in targets and aten.silu.default not in targets
+    assert aten.convolution.default not in targets
+    out = gm(state, x)
+    err = (out.float() - expect).abs().max() / expect.abs().max()
+    assert err < 2e-2, err

@@ -80,6 +80,28 @@ def test_btc_chain_becomes_one_op():
     close(out, reference(x.transpose(1, 2), *p).transpose(1, 2))
 
 
+def post_grad_exp_silu_after_transpose(x, w, b, gamma, beta, mean, var):
+    """The Linear form with Inductor's other SiLU decomposition: BN, transpose back, then cast(z / (1 + exp(-z)))."""
+    y = aten.convolution.default(x.permute(0, 2, 1), w, b, [1], [KW // 2], [1], False, [0], C)
+    y = aten._native_batch_norm_legit_no_training.default(y, gamma, beta, mean, var, 0.1, 1e-5)[0]
+    z = y.permute(0, 2, 1).float()
+    return (z / (torch.exp(-z) + 1)).to(x.dtype)
+
+
+def test_silu_after_the_transpose_back_and_exp_decomposition():
+    x = torch.randn(2, 29, C, dtype=torch.float16)
+    p = params(2)
+    gm = make_fx(post_grad_exp_silu_after_transpose, tracing_mode="fake")(x, *p)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
+    t = targets(gm)
+    assert aten.exp.default not in t and aten.div.Tensor not in t and aten.permute.default not in t
+    out = gm(x, *p)
+    close(out, reference(x.transpose(1, 2), *p).transpose(1, 2))
+
+
 def test_btc_without_transpose_back_yields_a_bct_view():
     def f(x, w, b):
         return aten.convolution.default(x.transpose(1, 2), w, b, [1], [KW // 2], [1], False, [0], C)

@@ -21,6 +21,7 @@ What matches::
         or native_batch_norm(y, gamma?, beta?, mean, var, False, momentum, eps), make_fx's undecomposed form)
     y = silu(y) | mul(y, sigmoid(y)) | cast(mul(z, sigmoid(z)), dtype), z = cast(y, fp32)   (optional)
     out = permute(y, [0, 2, 1]) | transpose(y, 1, 2)                  (optional, with layout "btc")
+    out = silu(out) (its forms above)                                  (optional, when y had none)
 
 x fp16/bf16 and 3-D; w (and b) a graph input or attribute (a parameter: placeholder after AOTAutograd, get_attr
 under freezing); each intermediate has a single user. The BatchNorm is folded into fp32 weight and bias by
@@ -173,9 +174,35 @@ def _is_cast(node: Any, dtype: torch.dtype) -> bool:
         and set(node.kwargs) <= {"dtype"}
 
 
+def _sigmoid_mul(z: torch.fx.Node, zu: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """[sigmoid, mul] of mul(z, sigmoid(z)); None otherwise."""
+    sig = next((u for u in zu if _is(u, aten.sigmoid.default)), None)
+    mul = next((u for u in zu if _is(u, aten.mul.Tensor)), None)
+    if sig is None or mul is None or set(mul.args[:2]) != {z, sig} or _users(sig) != [mul]:
+        return None
+    return [sig, mul]
+
+
+def _exp_div(z: torch.fx.Node, zu: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """[neg, exp, add, div] of div(z, add(exp(neg(z)), 1)) (Inductor's SiLU decomposition); None otherwise."""
+    neg = next((u for u in zu if _is(u, aten.neg.default)), None)
+    div = next((u for u in zu if _is(u, aten.div.Tensor)), None)
+    if neg is None or div is None or div.args[0] is not z:
+        return None
+    exp = _single_user(neg)
+    add = _single_user(exp) if _is(exp, aten.exp.default) else None
+    if not _is(add, aten.add.Tensor) or exp not in add.args[:2] or add.kwargs.get("alpha", 1) != 1:
+        return None
+    one = add.args[1] if add.args[0] is exp else add.args[0]
+    if not isinstance(one, (int, float)) or float(one) != 1.0 or _single_user(add) is not div or div.args[1] is not add:
+        return None
+    return [neg, exp, add, div]
+
+
 def _silu_after(y: torch.fx.Node, dtype: torch.dtype) -> list[torch.fx.Node] | None:
     """The nodes of silu(y), last one last; None if y's use is not one. Forms: aten.silu; mul(y, sigmoid(y));
-    the decomposition's cast(mul(z, sigmoid(z)), dtype) with z = cast(y, fp32) (what the kernel computes)."""
+    the decompositions cast(mul(z, sigmoid(z)), dtype) and cast(div(z, 1 + exp(-z)), dtype) with z = cast(y, fp32)
+    (what the kernel computes)."""
     users = _users(y)
     if len(users) == 1 and _is(users[0], aten.silu.default):
         return [users[0]]
@@ -187,11 +214,11 @@ def _silu_after(y: torch.fx.Node, dtype: torch.dtype) -> list[torch.fx.Node] | N
     zu = _users(z)
     if len(zu) != 2:
         return None
-    sig = next((u for u in zu if _is(u, aten.sigmoid.default)), None)
-    mul = next((u for u in zu if _is(u, aten.mul.Tensor)), None)
-    if sig is None or mul is None or set(mul.args[:2]) != {z, sig} or _users(sig) != [mul]:
+    core = _sigmoid_mul(z, zu) or _exp_div(z, zu)
+    if core is None:
         return None
-    nodes += [sig, mul]
+    nodes += core
+    mul = core[-1]
     if z is not y:  # upcast: the silu ends with the cast back
         down = _single_user(mul)
         if not _is_cast(down, dtype):
@@ -310,6 +337,10 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             src = glu_src
         back = _single_user(tail)
         transposed_back = layout == "btc" and _is_swap_12(back)
+        after: list[torch.fx.Node] = []  # a SiLU after the transpose back (the Linear form: silu(bn(y).mT))
+        if transposed_back and activation == "none":
+            after = _silu_after(back, xv.dtype) or []
+            activation = "silu" if after else activation
         config, tier = _config(ctx, xv.dtype, layout, c, kw, _val(src))
 
         bld = _Builder(graph, conv)
@@ -320,9 +351,9 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             out = bld(aten.permute.default, op, [0, 2, 1])  # a [B, C, T] view for consumers that expect one
         else:
             out = op
-        replaced = back if transposed_back else tail
+        replaced = after[-1] if after else (back if transposed_back else tail)
         replaced.replace_all_uses_with(out)
-        for node in reversed(chain + ([back] if transposed_back else [])):
+        for node in reversed(chain + ([back] if transposed_back else []) + after):
             _erase(graph, node)
         if layout == "btc":
             _erase(graph, x)
