@@ -196,6 +196,12 @@ def test_example_linear_form_conv_module():
     gm.recompile()
     dw = [s for s in res.sites if s.family == "conv1d"]
     assert [(s.op, s.activation) for s in dw] == [("conv1d_btc", "silu")]
+    # conv1d's matcher runs before gemm's (rewrite_order): the second Linear then reads the depthwise op's packed
+    # [B, T, C] output instead of a transposed view, so it is rewritten too (it used to stay on aten: "input not
+    # known to be contiguous")
+    assert sorted((s.family, s.n, s.k) for s in res.sites if s.family == "gemm") == [("gemm", 32, 32),
+                                                                                    ("gemm", 64, 32)]
+    assert res.skipped == []
     targets = calls(gm)
     assert aten.glu.default not in targets and aten.silu.default not in targets
     assert aten.convolution.default not in targets
