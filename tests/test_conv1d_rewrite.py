@@ -213,3 +213,41 @@ def test_export_graph_of_the_linear_module():
     res = rewrite(gm.graph, SimpleNamespace(bake=False))
     assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
     assert aten.convolution.default not in targets(gm)
+
+
+def post_grad_decomposed_bn(x, w, b, gamma, beta, mean, var):
+    """Inductor's BatchNorm decomposition (the CPU census trace): sub / mul by [C, 1] vectors in fp32, cast back,
+    then the exp/div SiLU."""
+    y = aten.convolution.default(x.permute(0, 2, 1), w, b, [1], [KW // 2], [1], False, [0], C)
+    y = y - mean.float().unsqueeze(-1)
+    y = y * (torch.sqrt(var.float() + 1e-5).reciprocal() * 1).unsqueeze(-1)
+    y = (y * gamma.unsqueeze(-1) + beta.unsqueeze(-1)).to(x.dtype)
+    z = y.float()
+    return (z / (torch.exp(-z) + 1)).to(x.dtype).permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decomposed_batch_norm_is_folded(dtype):
+    x = torch.randn(2, 31, C, dtype=dtype)
+    p = params(3, dtype)
+    gm = make_fx(post_grad_decomposed_bn, tracing_mode="fake")(x, *p)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
+    t = targets(gm)
+    assert aten.sub.Tensor not in t and aten.exp.default not in t and aten.convolution.default not in t
+    close(gm(x, *p), reference(x.transpose(1, 2), *p).transpose(1, 2))
+
+
+def test_affine_by_an_activation_is_not_folded():
+    def f(x, w, s):  # a per-channel-looking [C, 1] scale computed from the activations: not a BatchNorm
+        y = aten.convolution.default(x, w, None, [1], [KW // 2], [1], False, [0], C)
+        scale = x.float().mean(dim=(0, 2)).unsqueeze(-1)
+        return (y * scale).to(x.dtype)
+    x = torch.randn(2, C, 9, dtype=torch.float16)
+    w = params()[0]
+    gm = make_fx(f, tracing_mode="fake")(x, w, None)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    assert [(s.batch_norm, s.activation) for s in res.sites] == [(False, "none")]
+    assert aten.mul.Tensor in targets(gm)

@@ -18,7 +18,8 @@ What matches::
     y = convolution(x_bct, w [C, 1, Kw], b?, stride [1], padding [Kw // 2], dilation [1], transposed False,
                     output_padding [0], groups C)                     C = in = out channels, Kw odd 3..31
     y = getitem(_native_batch_norm_legit_no_training(y, gamma?, beta?, mean, var, momentum, eps), 0)  (optional;
-        or native_batch_norm(y, gamma?, beta?, mean, var, False, momentum, eps), make_fx's undecomposed form)
+        or native_batch_norm(y, gamma?, beta?, mean, var, False, momentum, eps), make_fx's undecomposed form;
+        or its decomposition: a per-channel affine chain, affine.py)
     y = silu(y) | mul(y, sigmoid(y)) | cast(mul(z, sigmoid(z)), dtype), z = cast(y, fp32)   (optional)
     out = permute(y, [0, 2, 1]) | transpose(y, 1, 2)                  (optional, with layout "btc")
     out = silu(out) (its forms above)                                  (optional, when y had none)
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from ...configs import DW_MAX_KW
+from . import affine as _affine
 from .ops import DTYPES, select_config, signature
 
 aten = torch.ops.aten
@@ -320,10 +322,15 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
         chain: list[torch.fx.Node] = [conv]
         tail = conv
         bn_pair = _batch_norm_after(tail)
-        bn = None
+        bn, aff = None, None
         if bn_pair is not None:
             bn, tail = bn_pair
             chain += [bn, tail]
+        else:  # the BatchNorm's decomposition (or any per-channel affine map) after the conv
+            aff = _affine.match(tail, xv.dtype, c, {x, *x.all_input_nodes})
+            if aff is not None:
+                tail = aff.nodes[-1]
+                chain += aff.nodes
         activation = "none"
         silu = _silu_after(tail, xv.dtype)
         if silu is not None:
@@ -343,8 +350,11 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             activation = "silu" if after else activation
         config, tier = _config(ctx, xv.dtype, layout, c, kw, _val(src))
 
-        bld = _Builder(graph, conv)
-        w2, b2 = _fold(bld, w, b, bn, c)
+        bld = _Builder(graph, tail)  # before the chain's end: the affine chain's vectors are defined after the conv
+        if aff is not None:
+            w2, b2 = _affine.fold(bld, bld.f32(w), None if b is None else bld.f32(b), aff, c)
+        else:
+            w2, b2 = _fold(bld, w, b, bn, c)
         op = bld(torch.ops.oasr.conv1d_depthwise.default, src, w2, b2, kw // 2, layout, activation, config,
                  glu_src is not None)
         if layout == "btc" and not transposed_back:
@@ -361,6 +371,7 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
             _erase(graph, glu_node)
         sv = _val(src)
         rows = sv.shape[0] * (sv.shape[2] if layout == "bct" else sv.shape[1])
-        res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None, c, kw, config,
+        res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None or aff is not None,
+                                  c, kw, config,
                                   conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier, glu_src is not None))
     return res
