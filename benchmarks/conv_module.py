@@ -7,8 +7,9 @@ Conv1d(d, 2d, 1) -> GLU -> depthwise Conv1d(k) -> BatchNorm1d -> SiLU -> Conv1d(
 Linear form ``ConvolutionModule``), fp16, eval, random BatchNorm statistics, on x [B, T', d] with T' the encoder
 frames of --frames input frames (the subsampling's output_frames). Per form and backend:
 
-* latency: mode="reduce-overhead" (CUDA graphs), --rounds alternating rounds (inductor, oasr, inductor, ...), each
-  the median of --iters calls timed with CUDA events; the reported figure is the median over rounds;
+* latency: mode="reduce-overhead" (CUDA graphs), one module copy per backend, --rounds alternating rounds (the
+  order flips every round), each the median of --iters calls timed with CUDA events; the reported figure is the
+  median over rounds;
 * kernel time: torch.profiler over --profile-iters calls compiled WITHOUT CUDA graphs (so the profiler sees every
   kernel), the sum of device time per call and the kernels by time — every kernel here is the conv module's;
 * numerics: max |out - ref| / max |ref| vs the fp32 eager module;
@@ -20,6 +21,7 @@ Writes JSON (--out) and prints a table. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -102,13 +104,13 @@ def run_form(form: str, a) -> dict:
     res: dict = {"form": form, "B": a.batch, "T": t, "d": d, "latency_us": {}, "rounds_us": {}, "err": {},
                  "kernel_us": {}, "kernels": {}}
     fns = {}
+    torch.compiler.reset()
+    oasr_ops.reload_tuning()
     with torch.no_grad():
-        for be in BACKENDS:
-            torch.compiler.reset()
-            oasr_ops.reload_tuning()
+        for be in BACKENDS:  # one copy of the module per backend (as benchmarks/e2e_compare.py), no reset between
             clear_rewrite_log()
             with torch._inductor.config.patch(fx_graph_cache=False):  # the pass runs: its sites are read
-                fn = compiled(m16, be, graphs=True)
+                fn = compiled(copy.deepcopy(m16), be, graphs=True)
                 for _ in range(3):
                     out = fn(xh)
             torch.cuda.synchronize()
@@ -118,18 +120,18 @@ def run_form(form: str, a) -> dict:
                                 for r in rewrite_log() for s in r.sites]
                 res["left_on_aten"] = [why for r in rewrite_log() for _, why in r.skipped if "conv" in why]
             fns[be] = fn
-        # alternate the backends round by round (both compiled graphs stay alive: reduce-overhead trees per fn)
+        # alternate the backends round by round, the order flipping every round
         for be in BACKENDS:
             res["rounds_us"][be] = []
         for r in range(a.rounds):
-            for be in BACKENDS:
+            for be in (BACKENDS if r % 2 == 0 else BACKENDS[::-1]):
                 res["rounds_us"][be].append(time_round(fns[be], xh, a.iters))
         for be in BACKENDS:
             res["latency_us"][be] = statistics.median(res["rounds_us"][be])
         del fns
         for be in BACKENDS:
             torch.compiler.reset()
-            fn = compiled(m16, be, graphs=False)
+            fn = compiled(copy.deepcopy(m16), be, graphs=False)
             total, rows = kernel_profile(fn, xh, a.profile_iters)
             res["kernel_us"][be], res["kernels"][be] = total, rows
             print(f"  {form} {be}: kernels {total:.1f} us per call (no CUDA graphs)", flush=True)
