@@ -208,3 +208,19 @@ def test_example_linear_form_conv_module():
     out = gm(state, x)
     err = (out.float() - expect).abs().max() / expect.abs().max()
     assert err < 2e-2, err
+
+
+def test_symbolic_frames():
+    """A dynamic-shape trace (symbolic B and T): the sites record a symbolic M and the graph runs at any T."""
+    p = params(torch.float16)  # constants of the trace (get_attr, static shapes), as parameters are under Inductor
+    gm = make_fx(lambda x: module(x, None, **p), tracing_mode="symbolic", _allow_non_fake_inputs=True)(
+        torch.randn(2, 9, D).half())
+    res = rewrite_graph(gm.graph, bake=False)
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.family, s.m) for s in res.sites] == [("gemm", None), ("conv1d", None), ("gemm", None)], res.skipped
+    for b, t in ((1, 5), (3, 13)):
+        x = torch.randn(b, t, D).half()
+        ref = reference(x, None, p)
+        err = (gm(x).double() - ref).abs().max() / ref.abs().max()
+        assert err < 2e-2, (b, t, err)

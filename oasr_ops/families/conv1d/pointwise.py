@@ -19,7 +19,7 @@ What the matcher does (``rewrite_pointwise``)::
 and a ``permute(.., [0, 2, 1])`` consumer of the conv (the module's transpose back) reads the GEMM's [B, T, N]
 result directly. The site is recorded as a gemm-family site (signature ``gemm|op=gemm|dt=half|N=..|K=..``, M =
 B * T): census, build, prewarm, the tuning report and strict mode treat it like any Linear. A baked answer of
-cuBLAS everywhere (`graph.keeps_aten`) becomes the plain ``aten.mm`` / ``addmm`` of the same GEMM.
+cuBLAS everywhere stays ``oasr.gemm`` with that answer (the same cuBLAS call; see `_rewrite_site`).
 
 ``sink_transposes`` then moves the permute below the module's pointwise ops so that the depthwise conv sees a
 [B, T, C] input (the conv1d rewrite's layout ``btc``)::
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..graph import LOW_DTYPES, is_call, keeps_aten, known_contiguous, single_user, static_int, users, val
+from ..graph import LOW_DTYPES, is_call, known_contiguous, single_user, static_int, users, val
 from .rewrite import _Builder, _erase, _is_param, _is_swap_12, _list_is, is_pointwise
 
 aten = torch.ops.aten
@@ -88,15 +88,11 @@ def _rewrite_site(graph: torch.fx.Graph, conv: torch.fx.Node, ctx: Any) -> None:
     transposed_back = _is_swap_12(back)
     bld = _Builder(graph, conv)
     w2 = bld(aten.view.default, w, [n, k])
-    if keeps_aten(config):  # cuBLAS at every M: the plain aten GEMM, still in [B, T, C]
-        a2 = bld(aten.view.default, x_btc, [rows, k])
-        wt = bld(aten.permute.default, w2, [1, 0])
-        mm = bld(aten.addmm.default, b, a2, wt) if b is not None else bld(aten.mm.default, a2, wt)
-        y = bld(aten.view.default, mm, [sv.shape[0], sv.shape[1], n])
-        name = f"{conv.name} (aten mm in [B, T, C])"
-    else:
-        y = bld(torch.ops.oasr.gemm.default, x_btc, w2, b, "none", config)
-        name = y.name
+    # Even where the DB answers cuBLAS at every M (`keeps_aten`) the site becomes oasr.gemm (its "torch" sentinel
+    # is the same cuBLAS call): an aten mm here would need the [B * T, K] reshapes, whose sizes are symbolic
+    # under dynamic shapes.
+    y = bld(torch.ops.oasr.gemm.default, x_btc, w2, b, "none", config)
+    name = y.name
     out = y if transposed_back else bld(aten.permute.default, y, [0, 2, 1])
     (back if transposed_back else conv).replace_all_uses_with(out)
     if transposed_back:
