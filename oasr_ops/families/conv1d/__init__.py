@@ -1,10 +1,13 @@
-"""The conv1d family: the Conformer convolution module's depthwise conv (`torch.ops.oasr.conv1d_depthwise`).
+"""The conv1d family: the Conformer convolution module (`torch.ops.oasr.conv1d_depthwise`, GLU prologue optional).
 
 DB ops: ``conv1d`` (activations [B, C, T]) and ``conv1d_btc`` ([B, T, C]); signatures
 ``conv1d|op=<op>|dt=half|N=<C>|K=<Kw>`` with exact ``"BxT"`` points first, then regions over M = B * T (spec).
-Untuned policy: the lane default (ops.py says why; benchmarks/conv1d.py measures it against cuDNN).
-The graph-rewrite matcher is `rewrite.rewrite`, registered as the family's ``rewrite`` handler through
-`_rewrite_handler` (which records its sites in the pass's result like every family's).
+Untuned policy: the lane default (ops.py says why; benchmarks/conv1d.py measures it against cuDNN). Tunable:
+`candidates` (cuDNN + the depthwise space) and `operands`.
+The ``rewrite`` handler `_rewrite_handler` runs the module in [B, T, C]: pointwise convs as the gemm family's GEMM
+(pointwise.py), transposes sunk through GLU / the mask, the depthwise matcher `rewrite.rewrite` (BatchNorm in
+either form, SiLU, GLU), and records every site in the pass's result like every family's. It runs before the
+other families' matchers (``rewrite_order=-1``).
 """
 from __future__ import annotations
 
