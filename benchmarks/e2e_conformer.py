@@ -78,6 +78,8 @@ def main() -> int:
                    help="comma list of layer names (the last part of the module path, e.g. fc1,qkv,pointwise1): "
                         "quantize_ only those")
     p.add_argument("--attention", default="sdpa", help="the model's attention: sdpa | rel_pos (explicit matmuls)")
+    p.add_argument("--conv-impl", default="linear",
+                   help="the conv module's pointwise convs: linear (nn.Linear) | conv1d (nn.Conv1d, ESPnet/NeMo form)")
     p.add_argument("--grad", action="store_true",
                    help="run with autograd enabled (parameters require grad) instead of under torch.no_grad()")
     p.add_argument("--profile", type=int, default=0,
@@ -93,15 +95,17 @@ def main() -> int:
     from examples.conformer import build_model, example_inputs
     from oasr_ops.families.gemm.ops import served
 
-    model = build_model(size=a.size, dtype=torch.float16, device="cuda", seed=0, attention=a.attention)
+    model = build_model(size=a.size, dtype=torch.float16, device="cuda", seed=0, attention=a.attention,
+                        conv_impl=a.conv_impl)
     x = example_inputs(batch=a.batch, frames=a.frames, dtype=torch.float16, device="cuda", seed=1)[0]
-    ref_model = build_model(size=a.size, dtype=torch.float32, device="cuda", seed=0, attention=a.attention)
+    ref_model = build_model(size=a.size, dtype=torch.float32, device="cuda", seed=0, attention=a.attention,
+                            conv_impl=a.conv_impl)
     with torch.no_grad():
         ref = ref_model(x.float()).float()
     del ref_model
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "size": a.size, "batch": a.batch, "frames": a.frames, "mode": "reduce-overhead",
-           "attention": a.attention, "grad": a.grad, "options": options, "quantize_only": a.quantize_only,
+           "attention": a.attention, "conv_impl": a.conv_impl, "grad": a.grad, "options": options, "quantize_only": a.quantize_only,
            "runs": {}}
     qmodel = None
     if a.quantization:

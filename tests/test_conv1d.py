@@ -103,10 +103,35 @@ def test_bad_input_errors():
             fn()
 
 
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+@pytest.mark.parametrize("t", [1, 7, 250])
+def test_glu_prologue_matches_float64(layout, t):
+    """glu=True: x has 2C channels; the conv reads F.glu(x) over the channel dim (an independent float64 GLU)."""
+    x, w, b = make(2, 48, t, 15, layout, seed=t)
+    w, b = w[:24].contiguous(), b[:24].contiguous()
+    y = dw(x, w, b, layout=layout, activation="silu", glu=True)
+    xd = x.double()
+    a, g = (xd[:, :24], xd[:, 24:]) if layout == "bct" else (xd[..., :24], xd[..., 24:])
+    r = ref64(a * torch.sigmoid(g), w, b, layout, "silu")
+    assert y.shape == r.shape and y.dtype == x.dtype and y.is_contiguous()
+    err = (y.double() - r).abs().max() / r.abs().max().clamp(min=1e-6)
+    assert err < 1e-2, err
+
+
+def test_glu_bad_input_errors():
+    x, w, b = make(2, 9, 10, 5, "btc")
+    with pytest.raises(ValueError, match="even channel count"):
+        dw(x, w, b, layout="btc", glu=True)
+    x, w, b = make(2, 16, 10, 5, "btc")
+    with pytest.raises(ValueError, match=r"\[C, 1, Kw\]"):
+        dw(x, w, b, layout="btc", glu=True)  # w must have C = 16 / 2 channels
+
+
 def test_opcheck():
     x, w, b = make(2, 16, 19, 7, "btc")
     for args in ((x, w, b, 3, "btc", "silu", "auto"), (x.transpose(1, 2).contiguous(), w, None, 3, "bct", "none",
-                                                         "dw64x64_v8_n256")):
+                                                         "dw64x64_v8_n256"),
+                 (x, w[:8].contiguous(), b[:8].contiguous(), 3, "btc", "silu", "auto", True)):
         torch.library.opcheck(torch.ops.oasr.conv1d_depthwise.default, args)
 
 
@@ -206,11 +231,12 @@ def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, varian
     spec = JitSpec(LANE, parse(cfg), variant, arch)
     lib = load_kernel(spec)  # builds, dlopens (no GPU needed), checks both ABI versions
     assert lib.describe.startswith(f"{cfg}|{variant}|sm80_f16_dwconv|")
-    assert lib.can_implement(8, 3001, 768, 31, 1) == 0
-    assert lib.can_implement(8, 3001, 768, 4, 1) == 1  # even width
-    assert lib.can_implement(8, 3001, 768, 33, 0) == 1
-    assert lib.can_implement(0, 10, 768, 31, 0) == 1 and lib.can_implement(1, 10, 768, 31, 2) == 1
-    assert lib.workspace_size(8, 3001, 768, 31, 1) == 0
+    assert lib.can_implement(8, 3001, 768, 31, 1, 0) == 0 and lib.can_implement(8, 3001, 768, 31, 1, 1) == 0
+    assert lib.can_implement(8, 3001, 768, 4, 1, 0) == 1  # even width
+    assert lib.can_implement(8, 3001, 768, 33, 0, 0) == 1
+    assert lib.can_implement(0, 10, 768, 31, 0, 0) == 1 and lib.can_implement(1, 10, 768, 31, 2, 0) == 1
+    assert lib.can_implement(1, 10, 768, 31, 0, 2) == 1  # glu is a flag
+    assert lib.workspace_size(8, 3001, 768, 31, 1, 1) == 0
     assert "-Werror" not in " ".join(spec.command(tmp_path / "a.cu", tmp_path / "a.so"))
     log = spec.log_path.read_text()
     assert "error" not in log.lower().replace("-werror", "")

@@ -139,3 +139,47 @@ def test_matches_cudnn_module_chain():
         w2, b2 = ops.fold_batchnorm(conv.weight, conv.bias, bn)
         y = ops.conv1d_depthwise(x.half(), w2, b2, activation="silu", config=LANE.default.id)
     assert rel_err(y, expect.cpu()) < 1e-2
+
+
+# ---- GLU prologue (glu=True: x has 2C channels, the conv reads a * sigmoid(g)) ----------------------------------
+
+def glu_reference(x, w, bias, layout, act):
+    return ops.reference_conv1d_depthwise(x.cpu(), w.cpu(), None if bias is None else bias.cpu(), w.shape[-1] // 2,
+                                          layout, act, True).float()
+
+
+@pytest.mark.parametrize("cfg", IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+@pytest.mark.parametrize("t", [1, 7, 250, 3001])
+def test_every_config_glu(cfg, dtype, layout, t):
+    # C = 256: the vector path; C = 36 (bct: C * T not a multiple of the vector width for odd T; btc: C % 8 != 0):
+    # the 1-element path
+    for i, (kw, c) in enumerate(((31, 256), (15, 36))):
+        x, w, bias = make(2, 2 * c, t, kw, layout, dtype, seed=t * 5 + i)
+        w, bias = w[:c].contiguous(), bias[:c].contiguous()
+        p = torch.full((2, c, t), float("nan"), device="cuda", dtype=dtype)  # poison the block the output reuses
+        del p
+        y = ops.conv1d_depthwise(x, w, bias, layout=layout, activation="silu", config=cfg, glu=True)
+        assert y.shape == ((2, c, t) if layout == "bct" else (2, t, c)) and y.dtype == dtype
+        assert torch.isfinite(y).all(), (cfg, kw, c)
+        assert rel_err(y, glu_reference(x, w, bias, layout, "silu")) < 1e-2, (cfg, kw, c)
+    assert any(p.config == cfg for p in ops.served())
+
+
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+def test_cuda_graph_capture_glu(layout):
+    x, w, bias = make(4, 1024, 251, 31, layout, torch.float16, 5)
+    w, bias = w[:512].contiguous(), bias[:512].contiguous()
+    cfg = LANE.default.id
+    ops.conv1d_depthwise(x, w, bias, layout=layout, activation="silu", config=cfg, glu=True)
+    torch.cuda.synchronize()
+    static_x = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ops.conv1d_depthwise(static_x, w, bias, layout=layout, activation="silu", config=cfg, glu=True)
+    for seed in (6, 7):
+        static_x.copy_(make(4, 1024, 251, 31, layout, torch.float16, seed)[0])
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(y, glu_reference(static_x, w, bias, layout, "silu")) < 1e-2

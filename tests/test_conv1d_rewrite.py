@@ -80,6 +80,28 @@ def test_btc_chain_becomes_one_op():
     close(out, reference(x.transpose(1, 2), *p).transpose(1, 2))
 
 
+def post_grad_exp_silu_after_transpose(x, w, b, gamma, beta, mean, var):
+    """The Linear form with Inductor's other SiLU decomposition: BN, transpose back, then cast(z / (1 + exp(-z)))."""
+    y = aten.convolution.default(x.permute(0, 2, 1), w, b, [1], [KW // 2], [1], False, [0], C)
+    y = aten._native_batch_norm_legit_no_training.default(y, gamma, beta, mean, var, 0.1, 1e-5)[0]
+    z = y.permute(0, 2, 1).float()
+    return (z / (torch.exp(-z) + 1)).to(x.dtype)
+
+
+def test_silu_after_the_transpose_back_and_exp_decomposition():
+    x = torch.randn(2, 29, C, dtype=torch.float16)
+    p = params(2)
+    gm = make_fx(post_grad_exp_silu_after_transpose, tracing_mode="fake")(x, *p)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
+    t = targets(gm)
+    assert aten.exp.default not in t and aten.div.Tensor not in t and aten.permute.default not in t
+    out = gm(x, *p)
+    close(out, reference(x.transpose(1, 2), *p).transpose(1, 2))
+
+
 def test_btc_without_transpose_back_yields_a_bct_view():
     def f(x, w, b):
         return aten.convolution.default(x.transpose(1, 2), w, b, [1], [KW // 2], [1], False, [0], C)
@@ -97,7 +119,8 @@ def test_btc_without_transpose_back_yields_a_bct_view():
 
 def test_conformer_conv1d_module_bct():
     """examples/conformer.py conv_impl="conv1d": the depthwise conv + BatchNorm1d + SiLU become one op in the
-    [B, C, T] layout; the 1x1 pointwise convs are left alone (not depthwise)."""
+    [B, C, T] layout; this matcher leaves the 1x1 pointwise convs alone and unreported (families/conv1d/pointwise.py
+    owns them: tests/test_conv1d_pointwise.py runs the whole family handler on this module)."""
     cfg = conformer.config_for("S", d_model=32, num_heads=2, conv_kernel=15, conv_impl="conv1d")
     torch.manual_seed(0)
     mod = conformer.Conv1dConvolutionModule(cfg).eval()
@@ -116,7 +139,7 @@ def test_conformer_conv1d_module_bct():
     res = rewrite(gm.graph, SimpleNamespace(bake=False))
     gm.recompile()
     assert [(s.layout, s.activation, s.batch_norm, s.kernel_width) for s in res.sites] == [("bct", "silu", True, 15)]
-    assert len(res.skipped) == 2 and all("not depthwise" in why for _, why in res.skipped)
+    assert res.skipped == []
     assert targets(gm).count(aten.convolution.default) == 2 and aten.native_batch_norm.default not in targets(gm)
     out = gm(state, x)
     with torch.no_grad():
@@ -190,3 +213,41 @@ def test_export_graph_of_the_linear_module():
     res = rewrite(gm.graph, SimpleNamespace(bake=False))
     assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
     assert aten.convolution.default not in targets(gm)
+
+
+def post_grad_decomposed_bn(x, w, b, gamma, beta, mean, var):
+    """Inductor's BatchNorm decomposition (the CPU census trace): sub / mul by [C, 1] vectors in fp32, cast back,
+    then the exp/div SiLU."""
+    y = aten.convolution.default(x.permute(0, 2, 1), w, b, [1], [KW // 2], [1], False, [0], C)
+    y = y - mean.float().unsqueeze(-1)
+    y = y * (torch.sqrt(var.float() + 1e-5).reciprocal() * 1).unsqueeze(-1)
+    y = (y * gamma.unsqueeze(-1) + beta.unsqueeze(-1)).to(x.dtype)
+    z = y.float()
+    return (z / (torch.exp(-z) + 1)).to(x.dtype).permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decomposed_batch_norm_is_folded(dtype):
+    x = torch.randn(2, 31, C, dtype=dtype)
+    p = params(3, dtype)
+    gm = make_fx(post_grad_decomposed_bn, tracing_mode="fake")(x, *p)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.layout, s.activation, s.batch_norm) for s in res.sites] == [("btc", "silu", True)]
+    t = targets(gm)
+    assert aten.sub.Tensor not in t and aten.exp.default not in t and aten.convolution.default not in t
+    close(gm(x, *p), reference(x.transpose(1, 2), *p).transpose(1, 2))
+
+
+def test_affine_by_an_activation_is_not_folded():
+    def f(x, w, s):  # a per-channel-looking [C, 1] scale computed from the activations: not a BatchNorm
+        y = aten.convolution.default(x, w, None, [1], [KW // 2], [1], False, [0], C)
+        scale = x.float().mean(dim=(0, 2)).unsqueeze(-1)
+        return (y * scale).to(x.dtype)
+    x = torch.randn(2, C, 9, dtype=torch.float16)
+    w = params()[0]
+    gm = make_fx(f, tracing_mode="fake")(x, w, None)
+    res = rewrite(gm.graph, SimpleNamespace(bake=False))
+    assert [(s.batch_norm, s.activation) for s in res.sites] == [(False, "none")]
+    assert aten.mul.Tensor in targets(gm)

@@ -10,7 +10,7 @@ from ..configs import DW_MAX_KW, Config, Lane
 from .templates import ABI_VERSION
 
 # Version of the conv1d family's launcher (`oasr_dwconv_*`), checked by the loader (families/conv1d/kernels.py).
-DWCONV_ABI_VERSION = 1
+DWCONV_ABI_VERSION = 2  # 2: the GLU prologue flag (`glu` after `act`)
 LAYOUTS = ("bct", "btc")
 KERNEL_WIDTHS = tuple(range(3, DW_MAX_KW + 1, 2))  # every odd Kw the op accepts is its own instantiation
 _ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}

@@ -1,5 +1,6 @@
 """The family-generic half of the graph rewrite: FX helpers, the site record, config baking, and
-`rewrite_graph`, which hands the graph to every registered family's matcher in registration order.
+`rewrite_graph`, which hands the graph to every registered family's matcher in ``rewrite_order``, then
+registration order.
 
 Runs inside Inductor's `post_grad_custom_pre_pass` (`oasr_ops.inductor.rewrite.OasrRewritePass`) and, with
 ``bake=False``, inside the traced census (`oasr_ops.tune.census`), so the census sees exactly the sites the
@@ -264,7 +265,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None 
 
         res.epoch = database.epoch()
     ctx = RewriteContext(graph, res, bake, arch)
-    for spec in registry.families().values():
+    for spec in sorted(registry.families().values(), key=lambda f: f.rewrite_order):  # stable: registration order
         matcher = spec.handler("rewrite")
         if matcher is not None:
             matcher(ctx)

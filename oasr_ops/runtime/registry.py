@@ -52,7 +52,10 @@ class FamilySpec:
     render:          fn(lane, config, dtype) -> the kernel's CUDA source (codegen's renderer; the ``impl`` soft
                      validator hashes it, so the runtime never imports codegen).
     handlers:        the upper layers' hooks, by name (e.g. ``rewrite``, ``census``, ``candidates``,
-                     ``prebuild_specs``, ``reset_plans``); `handler()` looks one up.
+                     ``prebuild_specs``, ``reset_plans``, ``host_probe``); `handler()` looks one up.
+    rewrite_order:   the graph pass runs the ``rewrite`` handlers in ascending order (registration order among
+                     equals); conv1d runs first (-1): it changes the layouts, hence the contiguity, that the
+                     GEMM matchers see.
     """
 
     name: str
@@ -70,6 +73,7 @@ class FamilySpec:
     production_ids: Callable[[str], frozenset[str]] | None = None
     render: Callable[[Lane, Config, str], str] | None = None
     handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    rewrite_order: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -128,7 +128,8 @@ def gate_candidates(cands: Sequence[Candidate], operands: Operands, *, catch: bo
 
 
 # Host issue cost is priced on one small problem per family (the launch path, not the math, is what it
-# measures): M=16, N=K=256 of the family's first op.
+# measures): M=16, N=K=256 of the family's first op, or the (N, K) its ``host_probe`` handler names (conv1d: K is
+# a kernel width).
 HOST_PROBE_M, HOST_PROBE_NK = 16, 256
 
 
@@ -140,7 +141,9 @@ def host_costs(family: str, arch: str, device: Any = "cuda", iters: int = 500) -
 
     spec = registry.get(family)
     op = spec.ops[0]
-    sig = signature(family, op, "half", HOST_PROBE_NK, HOST_PROBE_NK)
+    probe = spec.handler("host_probe")
+    n, k = probe() if probe is not None else (HOST_PROBE_NK, HOST_PROBE_NK)
+    sig = signature(family, op, "half", n, k)
     parts = parts_of(sig)
     cands = candidates_for(parts, arch)
     firsts: dict[str, Candidate] = {}

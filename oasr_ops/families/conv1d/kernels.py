@@ -37,9 +37,10 @@ _KERNELS = KernelCache()
 
 def load_kernel(spec: JitSpec) -> KernelLibrary:
     """The depthwise launcher of a built kernel: ``oasr_dwconv_run(x, w, w_f32, bias, bias_f32, y, B, T, C, Kw,
-    act, workspace, workspace_bytes, stream)``; ``can_implement`` / ``workspace_size`` take (B, T, C, Kw, act)."""
+    act, glu, workspace, workspace_bytes, stream)``; ``can_implement`` / ``workspace_size`` take (B, T, C, Kw, act,
+    glu)."""
     p, i = ctypes.c_void_p, ctypes.c_int
-    shape = [i] * 5
+    shape = [i] * 6
     return load_launcher(spec, "dwconv", DWCONV_ABI_VERSION, [p, p, i, p, i, p, *shape, p, ctypes.c_size_t, p], shape)
 
 

@@ -1,5 +1,5 @@
 """The depthwise conv1d op: `oasr::conv1d_depthwise(Tensor x, Tensor w, Tensor? bias, int padding, str layout,
-str activation, str config) -> Tensor`.
+str activation, str config, bool glu=False) -> Tensor`.
 
 ``F.conv1d(x, w, bias, stride=1, padding=padding, groups=C)`` then the activation, for the Conformer's
 depthwise conv (inference BatchNorm folded into ``w``/``bias`` by the caller, `fold_batchnorm`):
@@ -12,6 +12,9 @@ depthwise conv (inference BatchNorm folded into ``w``/``bias`` by the caller, `f
 * padding must be ``Kw // 2`` ("same"); stride 1, dilation 1 (the schema mirrors F.conv1d's arguments so a bad
   site fails loudly instead of being silently reinterpreted).
 * activation: ``none`` | ``silu``.
+* glu: x has 2C channels and the conv reads ``F.glu(x, dim=<channel dim>)`` (a * sigmoid(g), a the first C
+  channels), computed in fp32 as the kernel loads x — the Conformer's pointwise conv -> GLU -> depthwise conv
+  without the GLU output ever being written. The output has C channels.
 
 Numerics: fp32 accumulation of bias + sum_k w[c, k] * x[t - Kw//2 + k], the activation in fp32, one rounding to
 x's dtype — the CPU reference computes exactly that with F.conv1d in fp32. Frames outside 0 <= t < T read as
@@ -49,13 +52,13 @@ DB_OP = {"bct": "conv1d", "btc": "conv1d_btc"}  # the DB op of each layout (modu
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define("conv1d_depthwise(Tensor x, Tensor w, Tensor? bias, int padding, str layout, str activation, "
-            "str config) -> Tensor")
+            "str config, bool glu=False) -> Tensor")
 
 
 # ----------------------------------------------------------------------------------------------------------
 # checks
 
-def _check(x, w, bias, padding, layout, activation) -> None:
+def _check(x, w, bias, padding, layout, activation, glu=False) -> None:
     name = f"oasr.{OP}"
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ValueError(f"{name}: x and w must be tensors")
@@ -70,6 +73,10 @@ def _check(x, w, bias, padding, layout, activation) -> None:
     if x.dim() != 3:
         raise ValueError(f"{name}: x must be 3-D ([B, C, T] for layout bct, [B, T, C] for btc), got {tuple(x.shape)}")
     c = x.shape[1] if layout == "bct" else x.shape[2]
+    if glu:
+        if c % 2:
+            raise ValueError(f"{name}: glu needs an even channel count (2C), x {tuple(x.shape)} in layout {layout}")
+        c //= 2
     if w.dim() != 3 or w.shape[0] != c or w.shape[1] != 1:
         raise ValueError(f"{name}: w must be [C, 1, Kw] = [{c}, 1, Kw] for x {tuple(x.shape)} in layout {layout}, "
                          f"got {tuple(w.shape)}")
@@ -131,32 +138,44 @@ def _activate(y: torch.Tensor, activation: str) -> torch.Tensor:
     return F.silu(y) if activation == "silu" else y
 
 
-def reference_conv1d_depthwise(x, w, bias, padding, layout, activation):
-    """fp32 F.conv1d (groups = C) + activation, one rounding to x's dtype; in x's layout, packed."""
+def _out_shape(x, layout, glu):
+    if not glu:
+        return x.shape
+    b, d1, d2 = x.shape
+    return (b, d1 // 2, d2) if layout == "bct" else (b, d1, d2 // 2)
+
+
+def reference_conv1d_depthwise(x, w, bias, padding, layout, activation, glu=False):
+    """fp32 [GLU +] F.conv1d (groups = C) + activation, one rounding to x's dtype; in x's layout, packed."""
     xc = x.float() if layout == "bct" else x.float().transpose(1, 2)
+    if glu:
+        xc = F.glu(xc, dim=1)
     y = F.conv1d(xc, w.float(), None if bias is None else bias.float(), padding=padding, groups=w.shape[0])
     y = _activate(y, activation).to(x.dtype)
     return y if layout == "bct" else y.transpose(1, 2).contiguous()
 
 
-def _torch_conv(x, w, bias, padding, layout, activation):
-    """The ``torch`` sentinel: F.conv1d in x's dtype (cuDNN), with the layout conversions a [B, T, C] caller pays."""
+def _torch_conv(x, w, bias, padding, layout, activation, glu=False):
+    """The ``torch`` sentinel: [F.glu +] F.conv1d in x's dtype (cuDNN), with the layout conversions a [B, T, C]
+    caller pays."""
     xc = x if layout == "bct" else x.transpose(1, 2)
+    if glu:
+        xc = F.glu(xc, dim=1)
     y = F.conv1d(xc, w.to(x.dtype), None if bias is None else bias.to(x.dtype), padding=padding, groups=w.shape[0])
     y = _activate(y, activation)
     return y.contiguous() if layout == "bct" else y.transpose(1, 2).contiguous()
 
 
-def _cpu(x, w, bias, padding, layout, activation, config):
-    _check(x, w, bias, padding, layout, activation)
+def _cpu(x, w, bias, padding, layout, activation, config, glu=False):
+    _check(x, w, bias, padding, layout, activation, glu)
     check_config_arg(config)
-    return reference_conv1d_depthwise(x, w, bias, padding, layout, activation)
+    return reference_conv1d_depthwise(x, w, bias, padding, layout, activation, glu)
 
 
-def _fake(x, w, bias, padding, layout, activation, config):
-    _check(x, w, bias, padding, layout, activation)
+def _fake(x, w, bias, padding, layout, activation, config, glu=False):
+    _check(x, w, bias, padding, layout, activation, glu)
     check_config_arg(config)
-    return x.new_empty(x.shape)
+    return x.new_empty(_out_shape(x, layout, glu))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -190,7 +209,7 @@ def select_config(dtype: torch.dtype, layout: str, c: int, kw: int, batch: int, 
     return select_conv1d(DB_OP[layout], DTYPES.get(dtype, dtype), c, kw, batch, t, t, arch)
 
 
-def _kernel_run(cfg: Config, x: torch.Tensor, layout: str, kw: int, act: int, arch: str, sig: str):
+def _kernel_run(cfg: Config, x: torch.Tensor, layout: str, kw: int, act: int, arch: str, sig: str, glu: bool):
     from ...codegen.jit import BuildError, LoadError
     from .kernels import get_kernel, variant_for
 
@@ -208,7 +227,9 @@ def _kernel_run(cfg: Config, x: torch.Tensor, layout: str, kw: int, act: int, ar
         return None
     bsz = x.shape[0]
     c, t = (x.shape[1], x.shape[2]) if layout == "bct" else (x.shape[2], x.shape[1])
-    status = kern.can_implement(bsz, t, c, kw, act)
+    c //= 2 if glu else 1
+    out_shape = _out_shape(x, layout, glu)
+    status = kern.can_implement(bsz, t, c, kw, act, int(glu))
     if status != 0:
         _warn_once(f"oasr.{OP}: {cfg.id} rejects {sig} B={bsz} T={t} (status {status}); using F.conv1d")
         return None
@@ -222,28 +243,28 @@ def _kernel_run(cfg: Config, x: torch.Tensor, layout: str, kw: int, act: int, ar
             w2 = w2.contiguous()
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
-        out = torch.empty_like(x)
+        out = x.new_empty(out_shape)
         rc = run_c(x.data_ptr(), w2.data_ptr(), int(w2.dtype == torch.float32),
                    None if bias is None else bias.data_ptr(), int(bias is not None and bias.dtype == torch.float32),
-                   out.data_ptr(), bsz, t, c, kw, act, None, 0, raw_stream(x.get_device()))
+                   out.data_ptr(), bsz, t, c, kw, act, int(glu), None, 0, raw_stream(x.get_device()))
         if rc != 0:
             raise RuntimeError(f"oasr.{OP}: kernel {cfg.id} failed with status {rc} on B={bsz} T={t} C={c} Kw={kw}")
         return out
     return run_kernel
 
 
-def _make_plan(config: str, x, w, layout: str, activation: str) -> Plan:
+def _make_plan(config: str, x, w, layout: str, activation: str, glu: bool) -> Plan:
     from ...runtime.arch import current_arch_family
 
     kw = w.shape[2]
     bsz = x.shape[0]
-    c, t = (x.shape[1], x.shape[2]) if layout == "bct" else (x.shape[2], x.shape[1])
+    c, t = w.shape[0], (x.shape[2] if layout == "bct" else x.shape[1])
     sig = signature(layout, c, kw)
     arch = current_arch_family() or "sm80"
     padding = kw // 2
 
     def torch_run(x, w, bias):
-        return _torch_conv(x, w, bias, padding, layout, activation)
+        return _torch_conv(x, w, bias, padding, layout, activation, glu)
 
     tier = "explicit"
     if config.startswith(_TABLE_PREFIX):
@@ -257,22 +278,22 @@ def _make_plan(config: str, x, w, layout: str, activation: str) -> Plan:
     if config in ("torch", "fused", "heuristic"):
         return Plan("torch", tier, sig, torch_run)
     cfg = parse(config)
-    run = _kernel_run(cfg, x, layout, kw, ACTIVATIONS[activation], arch, sig)
+    run = _kernel_run(cfg, x, layout, kw, ACTIVATIONS[activation], arch, sig, glu)
     if run is None:
         return Plan("torch", tier, sig, torch_run)
     return Plan(cfg.id, tier, sig, run)
 
 
-def _cuda(x, w, bias, padding, layout, activation, config):
+def _cuda(x, w, bias, padding, layout, activation, config, glu=False):
     key = (config, x.dtype, w.dtype, None if bias is None else bias.dtype, x.shape, w.shape, padding, layout,
-           activation, x.device, _database.epoch())
+           activation, glu, x.device, _database.epoch())
     plan = _plans.get(key)
     if plan is None:
-        _check(x, w, bias, padding, layout, activation)
+        _check(x, w, bias, padding, layout, activation, glu)
         check_config_arg(config)
         if x.numel() == 0:
-            return x.new_empty(x.shape)
-        plan = _PLANS.get_or_make(key, lambda: _make_plan(config, x, w, layout, activation))
+            return x.new_empty(_out_shape(x, layout, glu))
+        plan = _PLANS.get_or_make(key, lambda: _make_plan(config, x, w, layout, activation, glu))
     plan.calls += 1
     return plan.run(x, w, bias)
 
@@ -287,6 +308,7 @@ reset_plans = _PLANS.clear
 
 
 def conv1d_depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, layout: str = "bct",
-                     activation: str = "none", config: str = "auto") -> torch.Tensor:
-    """Depthwise ``F.conv1d(x, w, bias, padding=Kw // 2, groups=C)`` + activation (module docstring)."""
-    return torch.ops.oasr.conv1d_depthwise.default(x, w, bias, w.shape[-1] // 2, layout, activation, config)
+                     activation: str = "none", config: str = "auto", glu: bool = False) -> torch.Tensor:
+    """Depthwise ``F.conv1d(x, w, bias, padding=Kw // 2, groups=C)`` + activation, of ``F.glu(x)`` over the
+    channels with `glu` (module docstring)."""
+    return torch.ops.oasr.conv1d_depthwise.default(x, w, bias, w.shape[-1] // 2, layout, activation, config, glu)

@@ -14,12 +14,15 @@ the lead wires it):
 What matches::
 
     x_bct = permute(x_btc, [0, 2, 1]) | transpose(x_btc, 1, 2)        (optional: then layout "btc")
+    x = glu(y, <channel dim>)                                          (optional: the op's GLU prologue reads y)
     y = convolution(x_bct, w [C, 1, Kw], b?, stride [1], padding [Kw // 2], dilation [1], transposed False,
                     output_padding [0], groups C)                     C = in = out channels, Kw odd 3..31
     y = getitem(_native_batch_norm_legit_no_training(y, gamma?, beta?, mean, var, momentum, eps), 0)  (optional;
-        or native_batch_norm(y, gamma?, beta?, mean, var, False, momentum, eps), make_fx's undecomposed form)
+        or native_batch_norm(y, gamma?, beta?, mean, var, False, momentum, eps), make_fx's undecomposed form;
+        or its decomposition: a per-channel affine chain, affine.py)
     y = silu(y) | mul(y, sigmoid(y)) | cast(mul(z, sigmoid(z)), dtype), z = cast(y, fp32)   (optional)
     out = permute(y, [0, 2, 1]) | transpose(y, 1, 2)                  (optional, with layout "btc")
+    out = silu(out) (its forms above)                                  (optional, when y had none)
 
 x fp16/bf16 and 3-D; w (and b) a graph input or attribute (a parameter: placeholder after AOTAutograd, get_attr
 under freezing); each intermediate has a single user. The BatchNorm is folded into fp32 weight and bias by
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from ...configs import DW_MAX_KW
+from . import affine as _affine
 from .ops import DTYPES, select_config, signature
 
 aten = torch.ops.aten
@@ -59,6 +63,7 @@ class ConvSite:
     dtype: str = ""
     rows: Any = None  # M = B * T (int or SymInt): the DB's M axis for conv1d regions
     tier: str = ""  # the tier that answered the baked config ("" when not baked)
+    glu: bool = False  # the GLU before the conv runs in the op's prologue
 
 
 @dataclass
@@ -103,6 +108,13 @@ def _is_swap_12(node: Any) -> bool:
 
 def _is_param(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
+
+
+def is_pointwise(conv: torch.fx.Node) -> bool:
+    """True when `conv` is a 1-D convolution with a kernel of 1 and one group (pointwise.py's sites)."""
+    wv = _val(conv.args[1]) if len(conv.args) > 1 else None
+    groups = conv.args[8] if len(conv.args) > 8 else None
+    return isinstance(wv, torch.Tensor) and wv.dim() == 3 and _static(wv.shape[2]) == 1 and _static(groups) == 1
 
 
 def _list_is(x: Any, value: int) -> bool:
@@ -164,9 +176,35 @@ def _is_cast(node: Any, dtype: torch.dtype) -> bool:
         and set(node.kwargs) <= {"dtype"}
 
 
+def _sigmoid_mul(z: torch.fx.Node, zu: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """[sigmoid, mul] of mul(z, sigmoid(z)); None otherwise."""
+    sig = next((u for u in zu if _is(u, aten.sigmoid.default)), None)
+    mul = next((u for u in zu if _is(u, aten.mul.Tensor)), None)
+    if sig is None or mul is None or set(mul.args[:2]) != {z, sig} or _users(sig) != [mul]:
+        return None
+    return [sig, mul]
+
+
+def _exp_div(z: torch.fx.Node, zu: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """[neg, exp, add, div] of div(z, add(exp(neg(z)), 1)) (Inductor's SiLU decomposition); None otherwise."""
+    neg = next((u for u in zu if _is(u, aten.neg.default)), None)
+    div = next((u for u in zu if _is(u, aten.div.Tensor)), None)
+    if neg is None or div is None or div.args[0] is not z:
+        return None
+    exp = _single_user(neg)
+    add = _single_user(exp) if _is(exp, aten.exp.default) else None
+    if not _is(add, aten.add.Tensor) or exp not in add.args[:2] or add.kwargs.get("alpha", 1) != 1:
+        return None
+    one = add.args[1] if add.args[0] is exp else add.args[0]
+    if not isinstance(one, (int, float)) or float(one) != 1.0 or _single_user(add) is not div or div.args[1] is not add:
+        return None
+    return [neg, exp, add, div]
+
+
 def _silu_after(y: torch.fx.Node, dtype: torch.dtype) -> list[torch.fx.Node] | None:
     """The nodes of silu(y), last one last; None if y's use is not one. Forms: aten.silu; mul(y, sigmoid(y));
-    the decomposition's cast(mul(z, sigmoid(z)), dtype) with z = cast(y, fp32) (what the kernel computes)."""
+    the decompositions cast(mul(z, sigmoid(z)), dtype) and cast(div(z, 1 + exp(-z)), dtype) with z = cast(y, fp32)
+    (what the kernel computes)."""
     users = _users(y)
     if len(users) == 1 and _is(users[0], aten.silu.default):
         return [users[0]]
@@ -178,11 +216,11 @@ def _silu_after(y: torch.fx.Node, dtype: torch.dtype) -> list[torch.fx.Node] | N
     zu = _users(z)
     if len(zu) != 2:
         return None
-    sig = next((u for u in zu if _is(u, aten.sigmoid.default)), None)
-    mul = next((u for u in zu if _is(u, aten.mul.Tensor)), None)
-    if sig is None or mul is None or set(mul.args[:2]) != {z, sig} or _users(sig) != [mul]:
+    core = _sigmoid_mul(z, zu) or _exp_div(z, zu)
+    if core is None:
         return None
-    nodes += [sig, mul]
+    nodes += core
+    mul = core[-1]
     if z is not y:  # upcast: the silu ends with the cast back
         down = _single_user(mul)
         if not _is_cast(down, dtype):
@@ -241,6 +279,18 @@ def _erase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         graph.erase_node(node)
 
 
+def _glu_source(src: Any, layout: str) -> torch.fx.Node | None:
+    """y when `src` is ``glu(y, <channel dim of layout>)`` with no other user (its value is never needed)."""
+    if not _is(src, aten.glu.default) or len(_users(src)) != 1:
+        return None
+    dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", -1)
+    y = src.args[0]
+    yv = _val(y)
+    if not isinstance(yv, torch.Tensor) or yv.dim() != 3 or int(dim) % 3 != (1 if layout == "bct" else 2):
+        return None
+    return y
+
+
 def _config(ctx: Any, dtype: torch.dtype, layout: str, c: int, kw: int, xv: torch.Tensor) -> tuple[str, str]:
     """(config, tier) to bake; ("auto", "") when not baking or B x T is symbolic (resolved per call)."""
     if not getattr(ctx, "bake", True):
@@ -260,8 +310,8 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
     """Rewrite every matching depthwise conv site of `graph` in place (module docstring)."""
     res = ConvRewriteResult()
     for conv in list(graph.nodes):
-        if not _is(conv, aten.convolution.default):
-            continue
+        if not _is(conv, aten.convolution.default) or is_pointwise(conv):
+            continue  # pointwise convs: pointwise.py records them
         why = _conv_reason(conv)
         if why is not None:
             res.skipped.append((conv.name, why))
@@ -272,10 +322,15 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
         chain: list[torch.fx.Node] = [conv]
         tail = conv
         bn_pair = _batch_norm_after(tail)
-        bn = None
+        bn, aff = None, None
         if bn_pair is not None:
             bn, tail = bn_pair
             chain += [bn, tail]
+        else:  # the BatchNorm's decomposition (or any per-channel affine map) after the conv
+            aff = _affine.match(tail, xv.dtype, c, {x, *x.all_input_nodes})
+            if aff is not None:
+                tail = aff.nodes[-1]
+                chain += aff.nodes
         activation = "none"
         silu = _silu_after(tail, xv.dtype)
         if silu is not None:
@@ -284,25 +339,39 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
         layout, src = "bct", x
         if _is_swap_12(x) and isinstance(_val(x.args[0]), torch.Tensor):
             layout, src = "btc", x.args[0]
+        glu_node, glu_src = src, _glu_source(src, layout)
+        if glu_src is not None:  # F.glu over the channels feeds the conv: the op computes it on load
+            src = glu_src
         back = _single_user(tail)
         transposed_back = layout == "btc" and _is_swap_12(back)
+        after: list[torch.fx.Node] = []  # a SiLU after the transpose back (the Linear form: silu(bn(y).mT))
+        if transposed_back and activation == "none":
+            after = _silu_after(back, xv.dtype) or []
+            activation = "silu" if after else activation
         config, tier = _config(ctx, xv.dtype, layout, c, kw, _val(src))
 
-        bld = _Builder(graph, conv)
-        w2, b2 = _fold(bld, w, b, bn, c)
-        op = bld(torch.ops.oasr.conv1d_depthwise.default, src, w2, b2, kw // 2, layout, activation, config)
+        bld = _Builder(graph, tail)  # before the chain's end: the affine chain's vectors are defined after the conv
+        if aff is not None:
+            w2, b2 = _affine.fold(bld, bld.f32(w), None if b is None else bld.f32(b), aff, c)
+        else:
+            w2, b2 = _fold(bld, w, b, bn, c)
+        op = bld(torch.ops.oasr.conv1d_depthwise.default, src, w2, b2, kw // 2, layout, activation, config,
+                 glu_src is not None)
         if layout == "btc" and not transposed_back:
             out = bld(aten.permute.default, op, [0, 2, 1])  # a [B, C, T] view for consumers that expect one
         else:
             out = op
-        replaced = back if transposed_back else tail
+        replaced = after[-1] if after else (back if transposed_back else tail)
         replaced.replace_all_uses_with(out)
-        for node in reversed(chain + ([back] if transposed_back else [])):
+        for node in reversed(chain + ([back] if transposed_back else []) + after):
             _erase(graph, node)
         if layout == "btc":
             _erase(graph, x)
+        if glu_src is not None:
+            _erase(graph, glu_node)
         sv = _val(src)
         rows = sv.shape[0] * (sv.shape[2] if layout == "bct" else sv.shape[1])
-        res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None, c, kw, config,
-                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier))
+        res.sites.append(ConvSite(signature(layout, c, kw), layout, activation, bn is not None or aff is not None,
+                                  c, kw, config,
+                                  conv.name, DTYPES.get(xv.dtype, str(xv.dtype)), rows, tier, glu_src is not None))
     return res
