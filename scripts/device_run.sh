@@ -113,7 +113,8 @@ for step in "$@"; do
     cmd=$(cmd_of "$step")
     echo "== $step: $cmd"
     start=$(date +%s)
-    if bash -o pipefail -c "$cmd" 2>&1 | tee "$OUT/$step.log"; then
+    # STEP_TIMEOUT=SECONDS bounds each step (the device's per-call limit is shared by all of them)
+    if timeout "${STEP_TIMEOUT:-0}" bash -o pipefail -c "$cmd" 2>&1 | tee "$OUT/$step.log"; then
         echo "== $step: ok ($(( $(date +%s) - start )) s)"
     else
         rc=1
