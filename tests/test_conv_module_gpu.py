@@ -20,6 +20,7 @@ import oasr_ops  # noqa: E402,F401
 from examples import conformer  # noqa: E402
 from oasr_ops.families.conv1d import ops as dw_ops  # noqa: E402
 from oasr_ops.families.gemm import ops as gemm_ops  # noqa: E402
+from oasr_ops.inductor.backend import oasr_backend  # noqa: E402
 from oasr_ops.inductor.rewrite import clear_rewrite_log, rewrite_log  # noqa: E402
 
 
@@ -48,7 +49,8 @@ def test_compiled_conv_module_matches_fp32(dtype, t, masked):
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):  # the pass runs: its log is read
         expect = m32(x, mask)
         mlow = module().to(dtype)
-        fn = torch.compile(mlow, backend="oasr", mode="reduce-overhead", dynamic=False)
+        # the callable, not the name: a checkout on PYTHONPATH has no entry point registering "oasr"
+        fn = torch.compile(mlow, backend=oasr_backend, mode="reduce-overhead", dynamic=False)
         for _ in range(3):  # warm-up, record, replay
             got = fn(x.to(dtype), mask)
         torch.cuda.synchronize()

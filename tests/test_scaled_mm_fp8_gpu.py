@@ -172,8 +172,11 @@ def test_quant_op(n, k):
                 _poison(m * n, FP8)
                 outs[cid] = torch.ops.oasr.scaled_mm_fp8_quant(a, w, sa, sw, bias, out_scale, cid)
                 q = outs[cid].double()
-                # within e4m3 rounding (half an ulp: 2**-4 relative) plus the accumulation's own error
-                tol = want.abs() * (2 ** -4 * 1.05) + 2 ** -9 + 1e-3 * float(want.abs().max())
+                # within e4m3 rounding (half an ulp: 2**-4 relative) plus the accumulation's own error; FastAccum
+                # never promotes its accumulator: measured on the H200 up to 1.6e-3 of the output's max at K=2048
+                # (t64x128x128_fa, M=4096, N=512), so its allowance is 4x the promoting kernels' (as FAST_BOUND is)
+                acc = (4e-3 if "_fa" in cid else 1e-3) * float(want.abs().max())
+                tol = want.abs() * (2 ** -4 * 1.05) + 2 ** -9 + acc
                 bad = (q - want).abs() > tol
                 assert not bad.any(), f"{cid} M={m} N={n} K={k}: {int(bad.sum())} values off, e.g. " \
                                       f"{q[bad][:3].tolist()} vs {want[bad][:3].tolist()}"
