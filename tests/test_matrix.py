@@ -66,8 +66,8 @@ def test_dry_run_plans_every_arch_and_spends_nothing(tmp_path, capsys):
     assert list(doc["archs"]) == ["sm90", "sm80", "sm89"]
     sm90 = doc["archs"]["sm90"]
     assert sm90["families"]["gemm"]["lane"] == "sm90_f16_wgmma"
-    assert sm90["families"]["gemm"]["signatures"] == 2 and sm90["measure_tasks"] == 4  # gemm + its int8 twins
-    assert set(sm90["compile_tasks"]) == {"sm90_f16_wgmma", "sm90_int8_wgmma"}
+    assert sm90["families"]["gemm"]["signatures"] == 2 and sm90["measure_tasks"] == 6  # gemm + its int8, fp8 twins
+    assert set(sm90["compile_tasks"]) == {"sm90_f16_wgmma", "sm90_int8_wgmma", "sm90_fp8_wgmma"}
     assert doc["archs"]["sm80"]["families"]["gemm"]["lane"] == "sm80_f16_mma"
     assert not out.exists()  # the plan creates nothing
     # the compile set is exactly what `oasr tune prebuild --census` plans for the same build options

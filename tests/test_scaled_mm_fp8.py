@@ -385,7 +385,7 @@ def test_candidates_and_gates():
 
     cands = fcand.candidates(parse_signature(SIG), "sm90")
     ids = [c.id for c in cands]
-    assert ids[0] == "torch" and ids[-1] == "heuristic" and cands[-1].fallback
+    assert ids[0] == "torch" and ids[-1] == "heuristic" and cands[0].fallback and not cands[-1].fallback
     assert set(ids[1:-1]) == set(SM90.ids())
     by = {c.id: c for c in cands}
     seen_rep = {}

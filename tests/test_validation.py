@@ -7,6 +7,7 @@ import pytest
 from oasr_ops.tune.build import BuildOptions, SignatureWork, entries_from_log, plan_signature, validation_points
 from oasr_ops.tune.partition import partition_signature
 from oasr_ops.tune.points import Point
+from oasr_ops.tune.region_guard import guard_entry, ratio_for_signature
 from oasr_ops.tune.validation import geometric_midpoints, partition_validated, served_at
 
 A, B = "t64x64x64_c1x1_pp", "t128x128x64_c1x1_pp"
@@ -100,4 +101,5 @@ def test_from_log_validates_like_the_build(tmp_path):
     w = {m: 0.01 if m == 2048 else 1.0 for m in t}
     want = partition_signature(t, w, fallback="torch", max_loss=0.02,
                                evidence_extra={m: {"_l2": "cold"} for m in t}).entry("aot")
+    want = guard_entry(want, t, "torch", ratio_for_signature(SIG, "sm90"))  # then the wave guard, as the build
     assert old[SIG] == want
