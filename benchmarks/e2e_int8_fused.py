@@ -133,7 +133,7 @@ def main() -> int:
     print(f"int8 layers: {n_int8} of {n_lin} linears; {len(scales)} calibrated ({time.perf_counter() - t0:.1f}s)",
           flush=True)
     variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
-                "int8-fused": (qmodel, oasr_backend, {})}
+                "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True})}
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
