@@ -166,7 +166,6 @@ def default_coefficients(cfg: Config, dtype: str, profile: ArchProfile) -> tuple
     d = normalize_dtype(dtype)
     eb = OPERAND_BYTES[d]
     tm, tn, tk = cfg.tile
-    cm, cn = cfg.cluster[0], cfg.cluster[1]
     peak_sm = profile.peak(d) / profile.sm_count
     feed = profile.l2_bw / profile.sm_count
     # Cluster multicast is not credited: on the H200 log a 2x1 cluster fed no faster than 1x1 (modelled so, the
