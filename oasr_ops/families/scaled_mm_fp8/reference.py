@@ -17,27 +17,14 @@ from __future__ import annotations
 
 import torch
 
+# the row count and the scale-vector check are the int8 family's: the same rules, the same messages
+from ..scaled_mm.ops import _check_vec, _rows as rows  # noqa: F401  (rows: re-exported for ops.py)
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 K_ALIGN = 16
 N_ALIGN = 16  # 128-bit output rows and torch._scaled_mm's own N % 16 rule, for both ops
-
-
-def rows(a: torch.Tensor, k: int) -> int:
-    return a.numel() // k if k else 0
-
-
-def _check_vec(name: str, t, full: int, full_name: str, a: torch.Tensor, op: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"oasr.{op}: {name} must be a tensor")
-    if t.dtype != torch.float32:
-        raise ValueError(f"oasr.{op}: {name} must be float32, got {t.dtype}")
-    if t.device != a.device:
-        raise ValueError(f"oasr.{op}: {name} is on {t.device}, a on {a.device}")
-    if t.dim() != 1 or t.shape[0] not in (1, full):
-        raise ValueError(f"oasr.{op}: {name} must have shape [1] (per tensor) or [{full_name}={full}], "
-                         f"got {tuple(t.shape)}")
 
 
 def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
