@@ -5,6 +5,9 @@ already calls `oasr.scaled_mm[_quant]`; record those sites (the census sees them
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ..graph import RewriteContext, bake, static_int
@@ -17,32 +20,43 @@ _BIAS_ARG = 4
 _CONFIG_ARG_ACT = 7
 
 
-def rewrite(ctx: RewriteContext) -> None:
-    """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm[_quant] site."""
-    targets = {torch.ops.oasr.scaled_mm.default: ("scaled_mm", ops.select_config),
-               torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config),
-               torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", ops.select_quant_config)}
+# target -> (DB op, the family's selection for it, index of the config argument)
+Targets = dict[Any, tuple[str, Callable[..., Any], int]]
+
+
+def rewrite_quantized_sites(ctx: RewriteContext, family: str, targets: Targets, dtype: str,
+                            signature: Callable[[str, int, int], str]) -> None:
+    """Bake (or, for the census, only record) every site of `targets`: the matcher shared by the quantized-GEMM
+    families (int8 here, fp8 in families/scaled_mm_fp8), which differ only in their ops and dtype label."""
     for node in ctx.graph.nodes:
         if node.op != "call_function" or node.target not in targets:
             continue
-        op, select = targets[node.target]
+        op, select, at = targets[node.target]
         a, w = node.args[0], node.args[1]
         aval = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         wval = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
         if aval is None or wval is None or wval.dim() != 2:
-            ctx.skip(node, "scaled_mm operand without a known shape")
+            ctx.skip(node, f"{family} operand without a known shape")
             continue
         n, k = int(wval.shape[0]), int(wval.shape[1])
         m = aval.numel() // k
         m_int = static_int(m)
-        at = _CONFIG_ARG_ACT if node.target is torch.ops.oasr.scaled_mm_act_quant.default else _CONFIG_ARG
         config, tier = node.args[at], ""
         if ctx.bake and config == "auto":
             if m_int is not None:  # the family's own selection: a heuristic answer becomes a concrete tile
                 sel = select(n, k, m_int, ctx.arch)
                 config, tier = sel.config, sel.tier
             else:
-                config, tier, _sig = bake(FAMILY, op, "int8", n, k, None, ctx.arch)
+                config, tier, _sig = bake(family, op, dtype, n, k, None, ctx.arch)
             node.args = (*node.args[:at], config, *node.args[at + 1:])
-        ctx.record(ops.signature(op, n, k), FAMILY, op, "int8", n, k, m, config=config, tier=tier, node=node.name,
+        ctx.record(signature(op, n, k), family, op, dtype, n, k, m, config=config, tier=tier, node=node.name,
                    bias=node.args[_BIAS_ARG] is not None)
+
+
+def rewrite(ctx: RewriteContext) -> None:
+    """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm[_quant] site."""
+    rewrite_quantized_sites(ctx, FAMILY, {
+        torch.ops.oasr.scaled_mm.default: ("scaled_mm", ops.select_config, _CONFIG_ARG),
+        torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config, _CONFIG_ARG),
+        torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", ops.select_quant_config, _CONFIG_ARG_ACT),
+    }, "int8", ops.signature)
