@@ -147,7 +147,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(minimum: int) -> Any:
+def int_at_least(minimum: int) -> Any:
+    """argparse type: an integer >= `minimum` (the tuning commands' counts)."""
     def conv(text: str) -> int:
         try:
             v = int(text)
@@ -174,16 +175,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--family", default=default_family(), choices=tunable_families(), help="kernel family to tune")
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
     p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
-    p.add_argument("--max-points", type=_count(1), default=16, help="with --thin: census points per signature")
-    p.add_argument("--max-fill", type=_count(0), default=8, help="ladder fill points per signature")
+    p.add_argument("--max-points", type=int_at_least(1), default=16, help="with --thin: census points per signature")
+    p.add_argument("--max-fill", type=int_at_least(0), default=8, help="ladder fill points per signature")
     p.add_argument("--min-speedup", type=float, default=1.05,
                    help="a region config must beat the fallback by this factor over its region")
     p.add_argument("--max-loss", type=float, default=0.02,
                    help="a region config may lose to the fallback by at most this fraction at any point")
-    p.add_argument("--rounds", type=_count(1), default=5, help="interleaved measuring rounds per point")
+    p.add_argument("--rounds", type=int_at_least(1), default=5, help="interleaved measuring rounds per point")
     p.add_argument("--no-prune", action="store_true",
                    help="measure every arm at every point (default: the cost model's --top-k + the forced set)")
-    p.add_argument("--top-k", type=_count(1), default=TOP_K, help="configs the cost model keeps per point")
+    p.add_argument("--top-k", type=int_at_least(1), default=TOP_K, help="configs the cost model keeps per point")
     p.add_argument("--no-validate", action="store_true",
                    help="do not measure the geometric midpoints between measured Ms to check the regions there")
     p.add_argument("--arch", help="arch family, e.g. sm90 (default: this GPU's)")

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from ...errors import UsageError
+from ..build_cli import int_at_least
 from ..candidates import tunable_families
 from ..prune import TOP_K
 
@@ -92,19 +93,6 @@ def _execute(args: argparse.Namespace, mo, plan, gpu_archs: list[str]) -> int:
     return 0 if summary["ok"] else 1
 
 
-def _count(minimum: int):
-    def conv(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
-        return v
-    conv.__name__ = "integer"
-    return conv
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("matrix", help="build tuning files for several archs on a Dask cluster",
                        description="Compile every JIT module the builds load on CPU workers, measure each "
@@ -124,22 +112,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "start one of this name (default: a new id, printed)")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing, compile nothing")
     p.add_argument("--scheduler", help="a Dask scheduler address (workers advertise GPU=1,sm<arch>=1 or compile=1)")
-    p.add_argument("--local-gpus", type=_count(0), help="start a local cluster with this many GPU workers")
-    p.add_argument("--local-cpus", type=_count(0), help="compile workers of the local cluster (default: 1)")
+    p.add_argument("--local-gpus", type=int_at_least(0), help="start a local cluster with this many GPU workers")
+    p.add_argument("--local-cpus", type=int_at_least(0), help="compile workers of the local cluster (default: 1)")
     p.add_argument("--local-archs", help=argparse.SUPPRESS)  # arch of the local GPU workers without a GPU (tests)
     p.add_argument("--measurer", help=argparse.SUPPRESS)  # module:function replacing the GPU measurement (tests)
-    p.add_argument("--jobs", type=_count(1), help="nvcc processes per compile task (default: the worker's CPUs, "
+    p.add_argument("--jobs", type=int_at_least(1), help="nvcc processes per compile task (default: the worker's CPUs, "
                                                   "capped by free memory)")
     p.add_argument("--wait-workers", type=float, default=60.0,
                    help="seconds to wait for workers advertising the resources the run needs")
     p.add_argument("--thin", action=argparse.BooleanOptionalAction, default=True,
                    help="cap census points per signature at --max-points")
-    p.add_argument("--max-points", type=_count(2), default=16, help="with --thin: census points per signature")
-    p.add_argument("--max-fill", type=_count(0), default=8, help="ladder fill points per signature")
-    p.add_argument("--rounds", type=_count(1), default=5, help="interleaved measuring rounds per point")
+    p.add_argument("--max-points", type=int_at_least(2), default=16, help="with --thin: census points per signature")
+    p.add_argument("--max-fill", type=int_at_least(0), default=8, help="ladder fill points per signature")
+    p.add_argument("--rounds", type=int_at_least(1), default=5, help="interleaved measuring rounds per point")
     p.add_argument("--min-speedup", type=float, default=1.05, help="as oasr tune build's")
     p.add_argument("--max-loss", type=float, default=0.02, help="as oasr tune build's")
     p.add_argument("--no-prune", action="store_true", help="measure every arm at every point")
-    p.add_argument("--top-k", type=_count(1), default=TOP_K, help="configs the cost model keeps per point")
+    p.add_argument("--top-k", type=int_at_least(1), default=TOP_K, help="configs the cost model keeps per point")
     p.add_argument("--no-validate", action="store_true", help="do not measure the validation midpoints")
     p.set_defaults(func=_run)
