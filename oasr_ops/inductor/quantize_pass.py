@@ -22,20 +22,13 @@ import torch
 
 from ..families.scaled_mm.calibrate import calibrated_scale
 from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
-from ..families.scaled_mm.quantize import quantize_weight, quantized_linear
+from ..families.scaled_mm.quantize import quantize_weight
 from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.quantize import quantized_linear_fp8
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from .quant_patterns import fusable_linears, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
-
-
-def quantizing_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                      kernel: str = "auto") -> torch.Tensor:
-    """`F.linear(x, w, b)` as an int8 W8A8 layer whose weight is quantized in the graph."""
-    wq, sw = quantize_weight(w)
-    return quantized_linear(x, wq, sw, b, w.dtype, kernel)
 
 
 def quantizing_linear_fp8(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
