@@ -39,6 +39,74 @@ def module(x, keep, w1, b1, wd, bd, gamma, beta, mean, var, w2, b2):
     return y.permute(0, 2, 1)
 
 
+def module_cuda_211(x, keep, w1, b1, wd, bd, gamma, beta, mean, var, w2, b2, silu=True):
+    """The same module in the post-grad form torch 2.11 hands the pass on CUDA (dumped on the H200 with
+    benchmarks/pass_graph_dump.py): the BatchNorm decomposed with fp32 statistics and no cast back to fp16, the
+    SiLU read through a no-op fp32 cast and decomposed as div(z, 1 + exp(-z)), cast back after it."""
+    f32 = torch.ops.prims.convert_element_type.default
+    y = aten.convolution.default(x.permute(0, 2, 1), w1, b1, [1], [0], [1], False, [0], 1)
+    y = aten.glu.default(y, 1)
+    if keep is not None:
+        y = aten.where.self(keep.unsqueeze(1).bitwise_not(), torch.zeros((), dtype=y.dtype), y)
+    y = aten.convolution.default(y, wd, bd, [1], [KW // 2], [1], False, [0], D)
+    y = aten.sub.Tensor(y, aten.unsqueeze.default(f32(mean, torch.float32), -1))  # fp16 - fp32 -> fp32
+    inv = aten.reciprocal.default(aten.sqrt.default(aten.add.Tensor(f32(var, torch.float32), 1e-5)))
+    y = aten.mul.Tensor(y, aten.unsqueeze.default(aten.mul.Tensor(inv, 1), -1))
+    y = aten.mul.Tensor(y, aten.unsqueeze.default(gamma, -1))
+    y = aten.add.Tensor(y, aten.unsqueeze.default(beta, -1))
+    if not silu:  # the fp32 affine result read as it is: not foldable (its consumer expects fp32)
+        return aten.permute.default(y, [0, 2, 1])
+    z = f32(y, torch.float32)
+    y = f32(aten.div.Tensor(z, aten.add.Tensor(aten.exp.default(aten.neg.default(z)), 1)), x.dtype)
+    y = aten.convolution.default(y, w2, b2, [1], [0], [1], False, [0], 1)
+    return y.permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_conv_module_in_torch_2_11_cuda_form(dtype, masked):
+    """The second pointwise conv stayed on aten on the H200 (torch 2.11): the BatchNorm ending in fp32 was not
+    folded, so the SiLU was not fused and the conv read an elementwise result instead of the op's transposed view."""
+    t = 37
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, t, D, generator=g).to(dtype)
+    keep = (torch.arange(t)[None] < torch.tensor([t, 20])[:, None]) if masked else None
+    p = params(dtype)
+    names = list(p)
+    gm = make_fx(lambda x, keep, *ps: module_cuda_211(x, keep, **dict(zip(names, ps))),
+                 tracing_mode="fake")(x, keep, *p.values())
+    res = rewrite_graph(gm.graph, bake=False)
+    gm.graph.lint()
+    gm.recompile()
+    assert [(s.family, s.n, s.k) for s in res.sites] == [("gemm", 2 * D, D), ("conv1d", D, KW), ("gemm", D, D)]
+    assert aten.convolution.default not in calls(gm) and aten.exp.default not in calls(gm)
+    dw = next(n for n in gm.graph.nodes if n.target == torch.ops.oasr.conv1d_depthwise.default)
+    assert dw.args[5] == "silu"
+    ref = reference(x, keep, p)
+    out = gm(x, keep, *p.values())
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert (out.double() - ref).abs().max() / ref.abs().max() < 2e-2
+
+
+def test_fp32_affine_read_as_fp32_is_not_folded():
+    """An fp32 affine chain whose consumer is not a SiLU casting back keeps its nodes (and its fp32 dtype)."""
+    t, dtype = 9, torch.float16
+    x = torch.randn(2, t, D).to(dtype)
+    p = params(dtype)
+    names = list(p)
+    gm = make_fx(lambda x, *ps: module_cuda_211(x, None, **dict(zip(names, ps)), silu=False),
+                 tracing_mode="fake")(x, *p.values())
+    expect = gm(x, *p.values())
+    rewrite_graph(gm.graph, bake=False)
+    gm.graph.lint()
+    gm.recompile()
+    dw = next(n for n in gm.graph.nodes if n.target == torch.ops.oasr.conv1d_depthwise.default)
+    assert dw.args[5] == "none" and aten.reciprocal.default in calls(gm)
+    out = gm(x, *p.values())
+    assert out.dtype == torch.float32
+    assert (out - expect).abs().max() / expect.abs().max() < 1e-2
+
+
 def reference(x, keep, p):
     q = {k: v.double() for k, v in p.items()}
     y = F.glu(F.conv1d(x.double().transpose(1, 2), q["w1"], q["b1"]), dim=1)

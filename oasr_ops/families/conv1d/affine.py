@@ -10,7 +10,8 @@ and its decomposition on others (the CPU trace of the census, for one)::
 
 `match` accepts any single-user chain of ``sub`` / ``add`` / ``mul`` / ``div`` by per-channel [C, 1] vectors
 computed from parameters only (no path back to the conv's input) or scalars, ending in the cast back to the
-input's dtype, and returns it as ``a * y + c``; `fold` inserts the nodes computing ``w' = w * a`` and
+input's dtype (or, as torch 2.11 hands it on CUDA, ending in fp32 and read by a SiLU computed in fp32 that casts
+back: ``Affine.ends_in_fp32``, which the caller accepts only with that SiLU), and returns it as ``a * y + c``; `fold` inserts the nodes computing ``w' = w * a`` and
 ``b' = b * a + c`` in fp32, like `fold_batchnorm`'s formula for the undecomposed op.
 """
 from __future__ import annotations
@@ -32,6 +33,9 @@ _MAX_ANCESTORS = 64
 class Affine:
     nodes: list[torch.fx.Node] = field(default_factory=list)   # the chain, the cast back last
     steps: list[tuple[str, Any]] = field(default_factory=list)  # (op, vector node or scalar), in order
+    # The chain ends in an fp32 value with no cast back: only foldable when what follows ends in the cast back
+    # (a SiLU computed in fp32, as torch 2.11's CUDA post-grad graph has it); the caller checks that.
+    ends_in_fp32: bool = False
 
 
 def _scalar(v: Any) -> bool:
@@ -89,6 +93,9 @@ def match(y: torch.fx.Node, dtype: torch.dtype, c: int, forbidden: set) -> Affin
             return res
         if res.steps and isinstance(val(z), torch.Tensor) and val(z).dtype == dtype:
             return res  # the vectors were in the input's dtype: no promotion, no cast back
+        if res.steps and isinstance(val(z), torch.Tensor) and val(z).dtype == torch.float32 != dtype:
+            res.ends_in_fp32 = True  # promoted by fp32 statistics, consumed in fp32 (module docstring)
+            return res
         return None
 
 

@@ -333,6 +333,10 @@ def rewrite(graph: torch.fx.Graph, ctx: Any = None) -> ConvRewriteResult:
                 chain += aff.nodes
         activation = "none"
         silu = _silu_after(tail, xv.dtype)
+        if aff is not None and aff.ends_in_fp32 and (silu is None or not _is_cast(silu[-1], xv.dtype)):
+            # an fp32 affine result read by something else: folding it would change that consumer's dtype
+            aff, tail, chain = None, conv, [conv]
+            silu = _silu_after(tail, xv.dtype)
         if silu is not None:
             activation, tail = "silu", silu[-1]
             chain += silu
