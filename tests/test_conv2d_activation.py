@@ -3,6 +3,8 @@ padding, every activation), bad input, opcheck, the config grammar and lane, ren
 rewrite (make_fx graphs and the example frontend through torch.compile), and the flatten permutation."""
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -303,3 +305,31 @@ def test_compiled_frontend_on_cpu_uses_the_ops():
     assert [(s.family, s.op, s.k) for s in res.sites if s.family == "conv2d_activation"] == [
         ("conv2d_activation", "conv2d_k3s2", 9), ("conv2d_activation", "conv2d_k3s2", 72)]
     assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
+
+
+# ---- nvcc --------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg,dtype,arch", [("dc64x128_v8_n256", "fp16", "90"),
+                                            ("b128x128x64_w64x64x64_s3", "bf16", "90")])
+def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, dtype, arch):
+    from oasr_ops.codegen.jit import JitSpec, nvcc_path
+    from oasr_ops.families.conv2d_activation.kernels import load_kernel
+
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("OASR_JIT_DIR", str(tmp_path))
+    spec = JitSpec(SM80_F16_CONV2D, parse(cfg), dtype, arch)
+    lib = load_kernel(spec)  # builds, dlopens (no GPU needed), checks both ABI versions
+    assert lib.describe.startswith(f"{cfg}|{dtype}|sm80_f16_conv2d|")
+    first = (16, 1027, 80, 1, 512, 3, 3, 2, 2, 0, 0, 1)
+    second = (16, 513, 39, 512, 512, 3, 3, 2, 2, 0, 0, 1)
+    direct = cfg.startswith("dc")
+    assert lib.can_implement(*first) == (0 if direct else 1)  # Cin = 1: the direct kernel only
+    assert lib.can_implement(*second) == (1 if direct else 0)  # K = 4608: the implicit GEMM only
+    assert lib.can_implement(*second[:-1], 4) == 1  # no such activation
+    assert lib.can_implement(0, *second[1:]) == 1
+    assert lib.can_implement(1, 2, 2, *second[3:]) == 1  # smaller than the filter
+    assert lib.workspace_size(*(first if direct else second)) == 0
+    assert "error" not in spec.log_path.read_text().lower()
+    ctypes.CDLL(str(lib.path)).oasr_conv2d_abi_version()
