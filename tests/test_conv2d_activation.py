@@ -304,6 +304,9 @@ def test_compiled_frontend_on_cpu_uses_the_ops():
     (res,) = rw.rewrite_log()
     assert [(s.family, s.op, s.k) for s in res.sites if s.family == "conv2d_activation"] == [
         ("conv2d_activation", "conv2d_k3s2", 9), ("conv2d_activation", "conv2d_k3s2", 72)]
+    # the Linear after the free flatten (permuted weight) is still a gemm site: K = C x 19
+    assert [(s.family, s.n, s.k) for s in res.sites if s.family == "gemm"] == [("gemm", 16, 8 * 19)]
+    assert not any("weight is not" in why for _, why in res.skipped)
     assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
 
 

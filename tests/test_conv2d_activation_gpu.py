@@ -156,4 +156,6 @@ def test_compiled_frontend(frames):
             out = fn(x.half())
     sites = [s for r in rw.rewrite_log() for s in r.sites if s.family == "conv2d_activation"]
     assert [(s.op, s.k, s.activation) for s in sites] == [("conv2d_k3s2", 9, "relu"), ("conv2d_k3s2", 2304, "relu")]
+    gemm = [(s.n, s.k) for r in rw.rewrite_log() for s in r.sites if s.family == "gemm"]
+    assert gemm == [(256, 256 * 19)]  # the Linear after the free flatten, weight columns permuted
     assert rel_err(out, ref) < 1e-2

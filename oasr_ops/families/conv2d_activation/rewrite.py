@@ -23,7 +23,9 @@ becomes ``reshape(y_nhwc, [B, T, F * C])`` (free: y_nhwc is packed [B, T, F, C])
 permuted from (c, f) to (f, c) order: ``W'[:, f * C + c] = W[:, c * F + f]``. Exact: every output is the same dot
 product ``sum_{c,f} W[n, c F + f] x[c, f]`` over the same pairs, only visited in another order — a reordering of
 the fp32 accumulation that any GEMM tiling already chooses freely. Done only when every consumer of the
-flattened tensor is such a Linear (through reshapes that keep the last dim); otherwise the clone stays.
+flattened tensor is such a Linear (through reshapes that keep the last dim); otherwise the clone stays. The
+permuted weight is a graph node computed from the parameter (a d x C x F copy per call unless frozen, where
+Inductor constant-folds it), marked ``meta["oasr_param_derived"]`` so the gemm matcher still serves the Linear.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch
 
 from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, known_contiguous, single_user, static_int,
                      users, val)
+from ..gemm.rewrite import PARAM_DERIVED
 from .ops import ACTIVATIONS, FAMILY, db_op, out_extent
 
 aten = torch.ops.aten
@@ -253,6 +256,7 @@ def _flatten_free(ctx: RewriteContext, y: torch.fx.Node) -> bool:
         w3 = ins(aten.view.default, w, [d, c, f])
         wp = ins(aten.clone.default, ins(aten.permute.default, w3, [0, 2, 1]), memory_format=torch.contiguous_format)
         w2 = ins(aten.view.default, wp, [d, f * c])
+        w2.meta[PARAM_DERIVED] = True  # so the gemm matcher still takes this Linear
         lin.replace_input_with(wt, ins(aten.permute.default, w2, [1, 0]))
         _erase_unused(graph, [wt])
     _erase_unused(graph, [n for n in (clone, tr, view) if n is not None])
