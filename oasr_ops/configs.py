@@ -19,6 +19,10 @@ out (``_k1``, ``_a8``), no ``_k0`` / ``_a0`` / ``_s0``, no leading zeros, no whi
   ``dw{T}x{C}_v{vec}_n{threads}`` — a CTA computes a tile of T frames x C channels, moves ``vec``-element
   vectors along the contiguous dim, and runs ``threads`` threads. Every field is always written (no defaults);
   as a `Config`: ``tile=(T, C, 1)``, ``kernel_schedule="depthwise"``, ``alignment=vec``, ``threads``.
+* Direct conv2d kernel for a few input channels (the conv2d_activation family, ``templates/conv2d_direct.cu.j2``):
+  ``dc{P}x{C}_v{vec}_n{threads}`` — a CTA computes P output positions (of M = B x H_out x W_out) x C output
+  channels, stores ``vec``-element vectors along the (contiguous) channels, runs ``threads`` threads. As a
+  `Config`: ``tile=(P, C, 1)``, ``kernel_schedule="direct"``, ``alignment=vec``, ``threads``.
 
 Nothing here is computed at import time from the environment; a lane's config space is a literal list.
 """
@@ -39,6 +43,7 @@ AUTO = "auto"
 SCHEDULES_2X = ("multistage",)
 SCHEDULES_3X = ("cooperative", "pingpong", "streamk")
 SCHEDULES_DW = ("depthwise",)
+SCHEDULES_DC = ("direct",)
 _SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk"}
 _SCHED_LONG = {v: k for k, v in _SCHED_SHORT.items()}
 # The epilogue schedule is fixed by the kernel schedule for the TMA epilogues we emit; it is still an explicit
@@ -49,6 +54,7 @@ EPILOGUE_FOR_KERNEL = {
     "pingpong": "tma",
     "streamk": "tma_cooperative",
     "depthwise": "direct",
+    "direct": "direct",
 }
 
 # ASCII digits only (``\d`` would take any Unicode digit); matched with fullmatch (``$`` allows a final newline).
@@ -56,12 +62,17 @@ _ID_2X = re.compile(r"b([0-9]+)x([0-9]+)x([0-9]+)_w([0-9]+)x([0-9]+)x([0-9]+)_s(
 _ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?"
                     r"(_fa)?(_swab)?")
 _ID_DW = re.compile(r"dw([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
+_ID_DC = re.compile(r"dc([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _MAX_ID_LEN = 64
 # Depthwise-conv config bounds: what the template's thread mapping supports (outputs per thread R =
 # T * C / threads, 1..32, and a whole number of them per frame column).
 DW_VECS = (1, 2, 4, 8, 16)
 DW_THREADS = (32, 64, 128, 256, 512, 1024)
 DW_MAX_KW = 31
+# Direct conv2d bounds: input channels x filter taps a CTA stages per position (the kernel's patch), and the
+# outputs per thread (vec-element vectors x positions).
+DC_MAX_K = 4 * 7 * 7
+DC_VECS = (1, 2, 4, 8)
 
 
 class ConfigError(ValueError):
@@ -89,9 +100,12 @@ class Config:
 
     @property
     def generation(self) -> str:
-        """``"2x"`` (mma.sync multistage), ``"3x"`` (TMA warp-specialized) or ``"dw"`` (depthwise conv1d)."""
+        """``"2x"`` (mma.sync multistage), ``"3x"`` (TMA warp-specialized), ``"dw"`` (depthwise conv1d) or ``"dc"``
+        (direct conv2d)."""
         if self.kernel_schedule == "depthwise":
             return "dw"
+        if self.kernel_schedule == "direct":
+            return "dc"
         return "2x" if self.kernel_schedule == "multistage" else "3x"
 
     @property
@@ -99,6 +113,8 @@ class Config:
         m, n, k = self.tile
         if self.generation == "dw":
             return f"dw{m}x{n}_v{self.alignment}_n{self.threads}"
+        if self.generation == "dc":
+            return f"dc{m}x{n}_v{self.alignment}_n{self.threads}"
         if self.generation == "2x":
             wm, wn, wk = self.warp  # type: ignore[misc]
             s = f"b{m}x{n}x{k}_w{wm}x{wn}x{wk}_s{self.stages}"
@@ -118,7 +134,7 @@ class Config:
 
     @property
     def warp_count(self) -> tuple[int, int, int]:
-        if self.generation == "dw":
+        if self.generation in ("dw", "dc"):
             return (self.threads // 32, 1, 1)
         if self.generation == "2x":
             return tuple(t // w for t, w in zip(self.tile, self.warp))  # type: ignore[return-value]
@@ -201,14 +217,38 @@ def _validate_dw(c: Config) -> None:
         raise ConfigError(f"depthwise tile {tt}x{tc} is not a whole number of {c.alignment}-element vectors")
 
 
+def _validate_dc(c: Config) -> None:
+    """The direct conv2d generation's rules: whole vectors of channels, 1..32 vectors per thread, and the
+    positions x channel-vectors of a tile divisible over the threads (templates/conv2d_direct.cu.j2's mapping)."""
+    p, tc, one = c.tile if len(c.tile) == 3 else (0, 0, 0)
+    if not (all(isinstance(x, int) for x in c.tile) and one == 1 and 1 <= p <= 512 and 8 <= tc <= 512
+            and _pow2(p) and _pow2(tc)):
+        raise ConfigError(f"direct conv tile {c.tile} must be (P, C, 1) with P in 1..512, C in 8..512, powers of two")
+    if c.alignment not in DC_VECS or tc % c.alignment:
+        raise ConfigError(f"direct conv vector width {c.alignment} must be in {DC_VECS} and divide the channel tile")
+    if c.threads not in DW_THREADS:
+        raise ConfigError(f"direct conv threads {c.threads} not in {DW_THREADS}")
+    if c.epilogue_schedule != EPILOGUE_FOR_KERNEL["direct"]:
+        raise ConfigError(f"epilogue schedule {c.epilogue_schedule!r} does not go with 'direct'")
+    if c.warp is not None or c.stages or c.cluster != (1, 1, 1) or c.split_k != 1:
+        raise ConfigError("a direct conv config has no warp tile, stages, cluster or split-K")
+    groups = tc // c.alignment  # channel vectors per position
+    if c.threads % groups or p % (c.threads // groups) or not (1 <= p // (c.threads // groups) <= 32):
+        raise ConfigError(f"direct conv tile {p}x{tc} v{c.alignment} with {c.threads} threads: the threads must "
+                          "split into whole position rows of channel vectors, each thread owning 1..32 positions")
+
+
 def _validate(c: Config) -> None:
     if (c.fast_accum or c.swap_ab) and c.kernel_schedule not in SCHEDULES_3X:
         raise ConfigError("fast accumulation and swap-AB are 3.x (wgmma) config flags")
     if c.kernel_schedule in SCHEDULES_DW:
         _validate_dw(c)
         return
+    if c.kernel_schedule in SCHEDULES_DC:
+        _validate_dc(c)
+        return
     if c.threads:
-        raise ConfigError("only depthwise configs have a thread count")
+        raise ConfigError("only depthwise and direct conv configs have a thread count")
     if len(c.tile) != 3 or not all(isinstance(x, int) and 8 <= x <= 512 for x in c.tile):
         raise ConfigError(f"tile {c.tile} out of range")
     if c.kernel_schedule not in SCHEDULES_2X + SCHEDULES_3X:
@@ -262,6 +302,9 @@ def parse(config_id: str) -> Config:
     elif (m := _ID_DW.fullmatch(config_id)):
         tt, tc, vec, threads = (int(x) for x in m.groups())
         c = Config(tile=(tt, tc, 1), kernel_schedule="depthwise", alignment=vec, threads=threads)
+    elif (m := _ID_DC.fullmatch(config_id)):
+        p, tc, vec, threads = (int(x) for x in m.groups())
+        c = Config(tile=(p, tc, 1), kernel_schedule="direct", alignment=vec, threads=threads)
     else:
         m = _ID_3X.fullmatch(config_id)
         if not m:
@@ -325,6 +368,8 @@ class Lane:
     def smem_needed(self, c: Config) -> int:
         if c.generation == "dw":
             return dw_smem_bytes(c, DW_MAX_KW)
+        if c.generation == "dc":  # sized for a 3x3 filter over 4 channels; the launcher checks the real K
+            return dc_smem_bytes(c, 4 * 3 * 3)
         m, n, k = c.tile
         per_stage = (m * k + n * k) * self.operand_bytes
         stages = c.stages or 2  # auto carve-out picks what fits; the minimum must fit
@@ -343,6 +388,11 @@ class Lane:
                 return f"lane {self.name} does not run on {arch_family}"
             if self.smem_needed(c) > self.smem_bytes.get(arch_family, min(self.smem_bytes.values())):
                 return f"{c.id} needs {self.smem_needed(c)} B of shared memory"
+        if c.generation == "dc":
+            # N = out channels, K = in channels x taps: a few input channels only (the first conv of a frontend)
+            if k is not None and k > DC_MAX_K:
+                return f"K={k} exceeds the direct conv's {DC_MAX_K} (in channels x taps)"
+            return None if n is None or n % c.alignment == 0 else f"N={n} not a multiple of vector width {c.alignment}"
         if c.generation == "dw":
             # N = channels and K = kernel width: any value runs (a misaligned call uses the kernel's scalar path)
             return None if k is None or (k % 2 and 3 <= k <= DW_MAX_KW) else f"kernel width {k} is not odd 3..31"
@@ -363,3 +413,10 @@ def dw_smem_bytes(c: Config, kw: int) -> int:
     padded to odd strides, plus the tile's fp32 filters (C x kw)."""
     tt, tc, _ = c.tile
     return 4 * ((tt + kw - 1 + 2 * c.alignment + 1) * tc + (tt + c.alignment + 1) * tc + tc * kw)
+
+
+def dc_smem_bytes(c: Config, k: int) -> int:
+    """A direct conv2d kernel's shared memory (templates/conv2d_direct.cu.j2): fp32 weights [k][C] and the fp32
+    input patches [P][k] of its tile."""
+    p, tc, _ = c.tile
+    return 4 * (k * tc + p * k)

@@ -152,7 +152,10 @@ def test_conformer_compiled_matches_eager_and_bakes_db(db_env):
     (dw,) = [s for s in all_sites if s.family == "conv1d"]
     assert (dw.op, dw.n, dw.k, dw.m, dw.tier) == ("conv1d_btc", 256, 31, 30, "default")
     sites = [s for s in all_sites if s.family == "gemm"]
-    assert len(sites) == 9 and len(all_sites) == 10  # subsampling Linear + 8 Linears per block, + the dw conv
+    # subsampling Linear + 8 Linears per block, + the dw conv, + the frontend's two conv2d_activation sites
+    assert len(sites) == 9 and len(all_sites) == 12
+    c2d = [(s.op, s.n, s.k, s.config) for s in all_sites if s.family == "conv2d_activation"]
+    assert c2d == [("conv2d_k3s2", 256, 9, "heuristic"), ("conv2d_k3s2", 256, 2304, "heuristic")]
     by = {}
     for s in sites:
         by.setdefault((s.op, s.n, s.k), []).append(s)

@@ -64,7 +64,10 @@ def test_conformer_census_signatures_and_weights(conformer_census):
                          "gemm|op=gemm|dt=half|N=512|K=256", "gemm|op=gemm|dt=half|N=256|K=4864",
                          # the convolution module's depthwise nn.Conv1d (d channels, kernel 31) on [B, T, C]
                          # activations: the conv1d family's rewrite handler records it like any site
-                         DW}
+                         DW,
+                         # the Conv2dSubsampling frontend's two 3x3 stride-2 convs (conv2d_activation family)
+                         "conv2d_activation|op=conv2d_k3s2|dt=half|N=256|K=9",
+                         "conv2d_activation|op=conv2d_k3s2|dt=half|N=256|K=2304"}
     assert (sigs[FFN1]["n"], sigs[FFN1]["k"]) == (4 * d, d) and sigs[FFN1]["dtypes"] == ["bf16"]
     pts = {p["m"]: p for p in sigs[FFN1]["points"]}
     assert all(p["must_tune"] for p in pts.values())

@@ -16,6 +16,7 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
         bmm = plan_specs("sm90", None, False, ("fp16",), "bmm")
         conv = plan_specs("sm90", None, False, ("fp16",), "conv1d")
         fp8 = plan_specs("sm90", None, False, ("fp16",), "scaled_mm_fp8")
+        conv2d = plan_specs("sm90", None, False, ("fp16",), "conv2d_activation")
         both = plan_specs("sm90", None, False, ("fp16",))
         bmm_lane = get_lane("sm90_f16_wgmma_bmm")
         sm90 = get_lane("sm90_f16_wgmma")
@@ -35,7 +36,9 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     # no DB: the lane default, coverage basis and every heuristic tile; fp16 and, data-parallel, fp8 output
     assert {s.dtype for s in fp8} == {"fp16", "fp8"}
     assert all(s.config.kernel_schedule != "streamk" for s in fp8 if s.dtype == "fp8")
-    assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv) + len(fp8)
+    # no DB: the conv2d lane's default (direct conv) and coverage basis (a CUTLASS implicit GEMM)
+    assert {(s.lane.name, s.config.generation) for s in conv2d} == {("sm80_f16_conv2d", "dc"), ("sm80_f16_conv2d", "2x")}
+    assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv) + len(fp8) + len(conv2d)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")
     assert [s.est_memory for s in both] == sorted((s.est_memory for s in both), reverse=True)

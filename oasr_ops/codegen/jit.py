@@ -62,7 +62,7 @@ from .loader import KernelLibrary, _BadLibrary, _load, _load_lock, _loaded, chec
 from .render import ABI_VERSION, render
 
 # Peak resident memory of one nvcc, measured on the CPU box (about 3.5 GB for a 3.x kernel), with headroom.
-_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9, "dw": 0.8e9}
+_MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9, "dw": 0.8e9, "dc": 0.8e9}
 
 
 @functools.lru_cache(maxsize=1)

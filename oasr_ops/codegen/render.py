@@ -28,6 +28,10 @@ def render(lane: Lane, config: Config, dtype: str) -> str:
         from .render_conv1d import render_conv1d
 
         return render_conv1d(lane, config, dtype, _env())
+    if lane.family == "conv2d_activation":  # direct conv + CUTLASS 2.x implicit-GEMM fprop: their own templates
+        from .render_conv2d import render_conv2d
+
+        return render_conv2d(lane, config, dtype, _env())
     if dtype not in _ELEMENT:
         raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (fp16, bf16)")
     if config.kernel_key() not in {c.kernel_key() for c in lane.space}:

@@ -31,6 +31,7 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 FAMILY = "gemm"
+PARAM_DERIVED = "oasr_param_derived"  # meta flag: a weight node computed from parameters only
 
 
 # ------------------------------------------------------------------------------------------------ activation
@@ -146,7 +147,10 @@ def _weight_source(node: Any) -> torch.fx.Node | None:
     else:
         return None
     src = node.args[0]
-    if not isinstance(src, torch.fx.Node) or src.op not in ("placeholder", "get_attr"):
+    # A parameter, or a node another family's rewrite computed from parameters alone and marked so (the
+    # conv2d_activation frontend's column-permuted Linear weight: constant under freezing).
+    if not isinstance(src, torch.fx.Node) or (src.op not in ("placeholder", "get_attr")
+                                              and not src.meta.get(PARAM_DERIVED)):
         return None
     v = val(src)
     if not isinstance(v, torch.Tensor) or v.dim() != 2 or not known_contiguous(v):

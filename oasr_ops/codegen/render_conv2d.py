@@ -1,0 +1,43 @@
+"""The conv2d_activation family's kernels: lane + config + dtype -> a complete `.cu` source.
+
+Two generations share one lane (and one C launcher, ``templates/_conv2d_abi.cu.j2``):
+
+* ``dc...`` configs -> ``templates/conv2d_direct.cu.j2``: a direct conv for a few input channels (a frontend's first
+  conv), parameterised by the config's tile (positions x channels), vector width and threads;
+* ``b...`` (CUTLASS 2.x multistage) configs -> ``templates/sm80_conv2d_fprop.cu.j2``: CUTLASS's implicit-GEMM
+  fprop (``DefaultConv2dFprop``, optimized strided iterators, NHWC/KRSC), bias + activation in its epilogue.
+  No emitter: the template spells the kernel type from the config's threadblock / warp tiles and stages.
+"""
+from __future__ import annotations
+
+from ..configs import DC_MAX_K, Config, Lane
+from .templates import ABI_VERSION
+
+# Version of the conv2d family's launcher (`oasr_conv2d_*`), checked by the loader (families/conv2d_activation).
+CONV2D_ABI_VERSION = 1
+DIRECT_TEMPLATE = "conv2d_direct.cu.j2"
+FPROP_TEMPLATE = "sm80_conv2d_fprop.cu.j2"
+_ELEMENT_DIRECT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+_ELEMENT_CUTLASS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+
+
+def render_conv2d(lane: Lane, config: Config, dtype: str, env) -> str:
+    """One conv2d kernel. Raises ValueError for a config outside the lane or a bad dtype."""
+    if dtype not in _ELEMENT_DIRECT:
+        raise ValueError(f"conv2d dtype must be one of {tuple(_ELEMENT_DIRECT)}, got {dtype!r}")
+    if config not in lane.space:
+        raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    common = dict(lane=lane.name, config_id=config.id, dtype=dtype, abi_version=ABI_VERSION,
+                  conv2d_abi_version=CONV2D_ABI_VERSION)
+    if config.generation == "dc":
+        p, tc, _ = config.tile
+        groups = tc // config.alignment
+        return env.get_template(DIRECT_TEMPLATE).render(
+            **common, kernel_name=f"conv2d_direct_p{p}c{tc}v{config.alignment}n{config.threads}",
+            element=_ELEMENT_DIRECT[dtype], tile_p=p, tile_c=tc, vec=config.alignment, threads=config.threads,
+            rows=p // (config.threads // groups), max_k=DC_MAX_K)
+    if config.generation == "2x":
+        return env.get_template(FPROP_TEMPLATE).render(
+            **common, kernel_name=f"cutlass_conv2d_fprop_{config.id}", element=_ELEMENT_CUTLASS[dtype],
+            tile=list(config.tile), warp=list(config.warp), stages=config.stages, swizzle=4)
+    raise ValueError(f"config {config.id} ({config.generation}) has no conv2d kernel")
