@@ -28,6 +28,7 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="torch",
     no_arch="default",
     streamk_measured_only=True,
+    wave_guard_dtype="fp8",  # the build's wave guard holds regions between measured points (tune/region_guard.py)
     no_streamk_ops=("scaled_mm_fp8_quant",),
     heuristic=heuristic.heuristic,
     production_extras=heuristic.heuristic_ids,
