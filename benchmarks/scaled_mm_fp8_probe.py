@@ -215,9 +215,13 @@ def main() -> int:
     s = doc["summary"]
     print("| M | N | K | best | TFLOP/s | best/torch | best lane tile/torch | best/fp16 | torch fast/torch |")
     print("|---|---|---|---|---|---|---|---|---|")
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
     for p in s["shapes"]:
-        print(f"| {p['M']} | {p['N']} | {p['K']} | {p['best']} | {p['tflops_best']:.0f} | {p['best_vs_torch']:.3f} | "
-              f"{p['best_lane_vs_torch']:.3f} | {p['best_vs_fp16']:.2f} | {p['torch_fast_vs_torch']:.3f} |")
+        print(f"| {p['M']} | {p['N']} | {p['K']} | {p['best']} | {f(p['tflops_best'], '.0f')} | "
+              f"{f(p['best_vs_torch'], '.3f')} | {f(p['best_lane_vs_torch'], '.3f')} | {f(p['best_vs_fp16'], '.2f')} | "
+              f"{f(p['torch_fast_vs_torch'], '.3f')} |")
     print(json.dumps({k: v for k, v in s.items() if k != "shapes"}, indent=1))
     print(f"wrote {out}")
     return 0
