@@ -575,3 +575,24 @@ def test_gate_candidates_on_cpu(op):
     members = [c.id for c in cands if c.gate.kind == "bitwise" and c.gate.baseline == rep.id]
     assert rep.id in rejected and members and all("baseline" in rejected[m] for m in members)
     assert "torch" not in rejected and "heuristic" not in rejected
+    if op == "scaled_mm_fp8_quant":
+        assert not operands.variants  # e4m3 output: nothing else is served
+        return
+    # the plain op is gated in fp16 output too (the DB serves both): a tile wrong only in fp16 is rejected, and
+    # the reason names the variant; its bitwise group goes with it
+    assert [v.label for v in operands.variants] == ["fp16 output"]
+
+    def wrong_in_fp16(o, config, copy, _bind=rep.bind):
+        call = _bind(o, config, copy)
+
+        def run():
+            y = call()
+            return (-y.float()).to(y.dtype) if y.dtype == torch.float16 else y
+        return run
+
+    cands3 = [replace(c, bind=wrong_in_fp16) if c.id == rep.id else c for c in cands]
+    passed, rejected = gate_candidates(cands3, operands)
+    assert "fp16 output" in rejected[rep.id] and all(m in rejected for m in members)
+    assert {c.id for c in passed} == {c.id for c in cands} - {rep.id, *members}
+    passed, rejected = gate_candidates(cands3, replace(operands, variants=[]))  # bf16 alone: all pass
+    assert not rejected

@@ -38,5 +38,5 @@ FAMILY = registry.register(registry.FamilySpec(
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
               "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
-              "measure_dtype": candidates.measure_dtype},
+              "measure_dtype": candidates.measure_dtype, "gate_dtypes": candidates.gate_dtypes},
 ))
