@@ -9,12 +9,14 @@ out (``_k1``, ``_a8``), no ``_k0`` / ``_a0`` / ``_s0``, no leading zeros, no whi
 
 * CUTLASS 2.x multistage (mma.sync): ``b{M}x{N}x{K}_w{M}x{N}x{K}_s{stages}[_k{split}][_a{align}]``
   e.g. ``b128x128x64_w64x64x64_s3`` — threadblock tile, warp tile, pipeline stages.
-* CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}][_fa][_swab]``
+* CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}][_z{swizzle}][_fa][_swab]``
   with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K);
   no ``_s`` means the stage count is the builder's automatic smem carve-out. Two fp8-only flags (the
   scaled_mm_fp8 family): ``_fa`` fast accumulation (CUTLASS's ``*FP8FastAccum`` schedules: the wgmma accumulator
   is never promoted to full fp32), ``_swab`` swap-AB (the kernel computes ``D^T = W . A^T``: the tile's M runs
-  over the GEMM's N, its N over the tokens; for few tokens).
+  over the GEMM's N, its N over the tokens; for few tokens). ``_z{n}`` (n in 2, 4, 8; omitted at 1): the persistent
+  tile scheduler's ``max_swizzle_size`` — CTAs walk the output tiles in stripes n tiles wide, so one wave reads
+  fewer distinct A rows / W columns (L2 reuse on large problems); it orders the tiles, never a tile's sums.
 * Depthwise conv1d direct kernel (the conv1d family, ``templates/conv1d_depthwise.cu.j2``):
   ``dw{T}x{C}_v{vec}_n{threads}`` — a CTA computes a tile of T frames x C channels, moves ``vec``-element
   vectors along the contiguous dim, and runs ``threads`` threads. Every field is always written (no defaults);
@@ -44,6 +46,7 @@ SCHEDULES_2X = ("multistage",)
 SCHEDULES_3X = ("cooperative", "pingpong", "streamk")
 SCHEDULES_DW = ("depthwise",)
 SCHEDULES_DC = ("direct",)
+SWIZZLES = (1, 2, 4, 8)  # CUTLASS's persistent scheduler rounds max_swizzle_size down to a power of two <= 8
 _SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk"}
 _SCHED_LONG = {v: k for k, v in _SCHED_SHORT.items()}
 # The epilogue schedule is fixed by the kernel schedule for the TMA epilogues we emit; it is still an explicit
@@ -60,7 +63,7 @@ EPILOGUE_FOR_KERNEL = {
 # ASCII digits only (``\d`` would take any Unicode digit); matched with fullmatch (``$`` allows a final newline).
 _ID_2X = re.compile(r"b([0-9]+)x([0-9]+)x([0-9]+)_w([0-9]+)x([0-9]+)x([0-9]+)_s([0-9]+)(?:_k([0-9]+))?(?:_a([0-9]+))?")
 _ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?"
-                    r"(_fa)?(_swab)?")
+                    r"(?:_z([0-9]+))?(_fa)?(_swab)?")
 _ID_DW = re.compile(r"dw([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _ID_DC = re.compile(r"dc([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _MAX_ID_LEN = 64
@@ -92,6 +95,7 @@ class Config:
     threads: int = 0  # depthwise only: threads per CTA (0 for the GEMM generations, omitted from to_dict)
     fast_accum: bool = False  # 3.x fp8 only: FP8FastAccum schedule (omitted from to_dict when False)
     swap_ab: bool = False  # 3.x fp8 only: D^T = W . A^T (omitted from to_dict when False)
+    swizzle: int = 1  # 3.x only: the tile scheduler's max_swizzle_size (omitted from to_dict at 1)
 
     def __post_init__(self) -> None:
         if not self.epilogue_schedule:
@@ -126,6 +130,8 @@ class Config:
                 s += f"_s{self.stages}"
         if self.alignment != 8:
             s += f"_a{self.alignment}"
+        if self.swizzle != 1:
+            s += f"_z{self.swizzle}"
         if self.fast_accum:
             s += "_fa"
         if self.swap_ab:
@@ -156,6 +162,8 @@ class Config:
         for flag in ("fast_accum", "swap_ab"):
             if not d[flag]:
                 del d[flag]
+        if self.swizzle == 1:
+            del d["swizzle"]
         return d
 
     @staticmethod
@@ -173,6 +181,7 @@ class Config:
                 threads=int(d.get("threads", 0)),
                 fast_accum=_flag(d, "fast_accum"),
                 swap_ab=_flag(d, "swap_ab"),
+                swizzle=int(d.get("swizzle", 1)),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
@@ -241,6 +250,8 @@ def _validate_dc(c: Config) -> None:
 def _validate(c: Config) -> None:
     if (c.fast_accum or c.swap_ab) and c.kernel_schedule not in SCHEDULES_3X:
         raise ConfigError("fast accumulation and swap-AB are 3.x (wgmma) config flags")
+    if c.swizzle not in SWIZZLES or (c.swizzle != 1 and c.kernel_schedule not in SCHEDULES_3X):
+        raise ConfigError(f"swizzle {c.swizzle!r} not supported (one of {SWIZZLES}; other than 1 for 3.x only)")
     if c.kernel_schedule in SCHEDULES_DW:
         _validate_dw(c)
         return
@@ -309,10 +320,10 @@ def parse(config_id: str) -> Config:
         m = _ID_3X.fullmatch(config_id)
         if not m:
             raise ConfigError(f"unknown config id {config_id!r}")
-        tm, tn, tk, cm, cn, sched, st, al, fa, swab = m.groups()
+        tm, tn, tk, cm, cn, sched, st, al, sw, fa, swab = m.groups()
         c = Config(tile=(int(tm), int(tn), int(tk)), cluster=(int(cm), int(cn), 1),
                    kernel_schedule=_SCHED_LONG[sched], stages=int(st or 0), alignment=int(al or 8),
-                   fast_accum=bool(fa), swap_ab=bool(swab))
+                   swizzle=int(sw or 1), fast_accum=bool(fa), swap_ab=bool(swab))
     if c.id != config_id:
         raise ConfigError(f"config id {config_id!r} is not canonical: its config is spelt {c.id!r}")
     return c

@@ -15,9 +15,17 @@ def test_every_lane_config_round_trips(lane):
 @pytest.mark.parametrize("cid", [
     "b128x128x64_w64x64x64_s3", "b64x64x64_w32x32x64_s3_k4", "b32x64x64_w32x32x64_s4_a4",
     "t128x128x64_c2x1_coop", "t64x32x64_c1x1_pp", "t128x128x64_c1x1_sk", "t64x128x64_c1x2_pp_s5",
+    "t128x256x128_c2x1_coop_z8_fa", "t128x128x128_c1x1_pp_z2", "t64x16x256_c1x1_pp_z4_fa_swab",
 ])
 def test_id_round_trip(cid):
     assert parse(cid).id == cid
+    assert Config.from_dict(parse(cid).to_dict()) == parse(cid)
+
+
+def test_swizzle_is_omitted_at_its_default():
+    c = parse("t128x256x128_c2x1_coop_z8_fa")
+    assert c.swizzle == 8 and c.to_dict()["swizzle"] == 8
+    assert "swizzle" not in parse("t128x256x128_c2x1_coop_fa").to_dict()  # DB tables stay as they were
 
 
 @pytest.mark.parametrize("bad", [
@@ -26,6 +34,8 @@ def test_id_round_trip(cid):
     "t128x128x64_c3x1_pp",  # cluster not a power of two
     "b128x128x64_w64x64x64_s1", "t128x128x64_c1x1_xx", "../../etc/passwd", "b" * 200,
     "t128x128x64_c2x1_coop_k2",  # no split-K in 3.x ids
+    "t128x128x64_c1x1_coop_z1", "t128x128x64_c1x1_coop_z3", "t128x128x64_c1x1_coop_z16",  # swizzle 2/4/8 only
+    "t128x128x64_c1x1_coop_fa_z8",  # suffix order: _z before _fa
 ])
 def test_bad_ids_rejected(bad):
     with pytest.raises(ConfigError):

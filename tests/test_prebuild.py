@@ -83,10 +83,12 @@ def test_census_plan_is_what_the_build_loads(monkeypatch, tmp_path):
         database.reload()
     lane = get_lane("sm90_f16_wgmma")
     # the int8 family measures the quantizable gemm site too (census_from), every tile (it is not modelled)
-    # and the fp8 family, in bf16 (its measure_dtype: the torch arm is torch._scaled_mm rowwise, bf16 out)
-    assert set(plan) == {("gemm", "bf16"), ("bmm", "fp16"), ("scaled_mm", "fp16"), ("scaled_mm_fp8", "bf16")}
+    # and the fp8 family, in bf16 (its measure_dtype: the torch arm is torch._scaled_mm rowwise, bf16 out) and
+    # fp16 (its gate_dtypes: the gates also run fp16 output, which the dtype-less DB serves too)
+    assert set(plan) == {("gemm", "bf16"), ("bmm", "fp16"), ("scaled_mm", "fp16"), ("scaled_mm_fp8", "bf16"),
+                         ("scaled_mm_fp8", "fp16")}
     fp8 = {c.id for c in candidates_for(parts_of("scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=1024"), "sm90")}
-    assert set(plan[("scaled_mm_fp8", "bf16")]) == fp8 - {"heuristic", "torch"}
+    assert set(plan[("scaled_mm_fp8", "bf16")]) == set(plan[("scaled_mm_fp8", "fp16")]) == fp8 - {"heuristic", "torch"}
     assert set(only_bmm) == {("bmm", "fp16")}
     smm = {c.id for c in candidates_for(parts_of("scaled_mm|op=scaled_mm|N=1024|K=1024"), "sm90")} - {"heuristic"}
     assert set(plan[("scaled_mm", "fp16")]) == smm

@@ -1,6 +1,9 @@
 """The wave guard (tune/region_guard.py): stretches of a CUTLASS region past a wave edge go to the fallback."""
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
 from oasr_ops.tune.region_guard import MARGIN, guard_entry, guard_regions, ratio_for_signature, structural_ratio
@@ -73,8 +76,89 @@ def test_the_real_structure_flags_the_measured_h200_loser():
 @pytest.mark.parametrize("sig,modelled", [
     ("gemm|op=gemm|dt=half|N=1024|K=1024", True),
     ("gemm|op=gemm_activation|dt=bf16|N=1024|K=1024", True),
+    ("scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=1024", True),  # wave_guard_dtype="fp8"
+    ("scaled_mm_fp8|op=scaled_mm_fp8_quant|N=1024|K=1024", True),
     ("scaled_mm|op=scaled_mm|N=1024|K=1024", False),
     ("not a signature", False),
 ])
-def test_ratio_only_for_modelled_families(sig, modelled):
+def test_ratio_only_for_modelled_or_wave_guarded_families(sig, modelled):
     assert (ratio_for_signature(sig, "sm90") is not None) == modelled
+
+
+# ---- the fp8 family (scaled_mm_fp8): guarded through its spec's wave_guard_dtype, not a cost-model tier
+
+FP8_LOG = Path(__file__).resolve().parent.parent / "benchmarks" / "logs" / "sm90_scaled_mm_fp8_build.jsonl"
+FP8_TILES = ("t128x256x128_c1x1_coop_fa", "t128x128x128_c2x1_pp_fa", "t64x128x128_c1x1_pp_fa",
+             "t64x16x256_c1x1_pp_fa_swab", "t64x64x256_c1x1_pp_swab", "t128x128x128_c1x1_sk_fa",
+             "t128x128x128_c1x1_coop")
+
+
+def test_fp8_ratio_describes_every_fp8_tile_with_its_wave_steps():
+    ratio = ratio_for_signature("scaled_mm_fp8|op=scaled_mm_fp8|N=512|K=512", "sm90")
+    for cid in FP8_TILES:
+        r = ratio(cid, 4096)
+        assert r is not None and math.isfinite(r) and r > 0, cid
+    # a data-parallel tile's predicted time is flat inside one tile row and jumps past a wave edge (N=512:
+    # 128x256 tiles -> 2 column tiles; 132 SMs -> a wave every 66 tile rows = 8448 rows)
+    t = "t128x256x128_c1x1_coop_fa"
+    assert ratio(t, 8448) < ratio(t, 8449)
+    assert ratio(t, 8449) > ratio(t, 8448 + 128 * 30)  # the new wave fills up, torch keeps growing
+
+
+def test_swap_ab_structure_is_the_transposed_problem():
+    from oasr_ops.configs import parse
+    from oasr_ops.runtime import cost_model
+    from oasr_ops.runtime.arch_profile import reference_profile
+
+    prof = reference_profile("sm90")
+    swab, plain = parse("t64x16x256_c1x1_pp_fa_swab"), parse("t64x16x256_c1x1_pp_fa")
+    for m, n, k in ((100, 512, 512), (1000, 4096, 1024), (7, 256, 4864)):
+        assert cost_model.structure(swab, m, n, k, "fp8", prof) == cost_model.structure(plain, n, m, k, "fp8", prof)
+    # the guard steps a swap-AB region by its tile's N (tokens), probes included
+    probes = cost_model.probe_ms(swab, 0, 4096, 512, "fp8", prof)
+    assert all((p - 1) % 16 == 0 for p in probes if p not in (1, 4096))
+
+
+def _fp8_log_entries():
+    from oasr_ops.tune.build import BuildOptions, entries_from_log
+
+    return entries_from_log(FP8_LOG, BuildOptions(arch="sm90"))[0]
+
+
+def test_fp8_guard_hands_the_measured_h200_losers_to_torch():
+    # benchmarks/logs/sm90_scaled_mm_fp8_bench.json, the shipped DB before the guard: at M=4096 these tiles lost
+    # to torch._scaled_mm (0.72x at N=K=512, 0.93x / 0.91x at N=512 K=256 / 2048; 0.94x at M=16384 N=256
+    # K=1024), each between measured points of its region (3552 and 9233 / 10208; 15663 and 24032)
+    entries = _fp8_log_entries()
+    for n, k, m in ((512, 512, 4096), (512, 256, 4096), (512, 2048, 4096), (256, 1024, 16384)):
+        regions = entries[f"scaled_mm_fp8|op=scaled_mm_fp8|N={n}|K={k}"]["regions"]
+        assert served_at(regions, m) == "torch", (n, k, m)
+
+
+def test_fp8_guard_keeps_tiles_where_the_build_measured_them_winning():
+    from oasr_ops.tune.from_log import log_tables
+    import json
+
+    tables = log_tables([json.loads(line) for line in FP8_LOG.read_text().splitlines() if line.strip()])[0]
+    entries = _fp8_log_entries()
+    kept = 0
+    for sig, table in tables.items():
+        regions = entries[sig]["regions"]
+        for m, row in table.items():
+            cfg = served_at(regions, m)
+            if cfg not in ("torch", "heuristic") and cfg in row and "torch" in row:
+                kept += 1
+                assert row["torch"][0] >= row[cfg][0], (sig, m, cfg)  # never served where measured losing
+    assert kept >= 50  # the guard does not hand everything to torch
+
+
+def test_shipped_fp8_db_is_its_log_partitioned_with_the_guard():
+    """db/sm90/scaled_mm_fp8.json is `oasr tune build --from-log` of its build log under the current rules (a
+    rebuilt DB ships with its log)."""
+    import json
+
+    shipped = json.loads((FP8_LOG.parent.parent.parent / "db" / "sm90" / "scaled_mm_fp8.json").read_text())
+    entries = _fp8_log_entries()
+    assert set(entries) == set(shipped["entries"])
+    for sig, e in entries.items():
+        assert shipped["entries"][sig]["regions"] == e["regions"], sig

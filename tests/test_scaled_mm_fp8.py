@@ -87,6 +87,36 @@ def test_summation_order_groups():
     assert all(len(v) == 1 for k, v in groups.items() if "streamk" in k)  # each Stream-K tile its own order
 
 
+def test_candidates_are_not_served_and_join_the_order_groups():
+    from oasr_ops.families.scaled_mm_fp8.lanes import SM90_CANDIDATES, sm90_with_candidates
+
+    assert SM90_CANDIDATES and not set(SM90_CANDIDATES) & set(SM90.space)
+    lane = sm90_with_candidates()
+    assert lane.name == SM90.name and lane.space[:len(SM90.space)] == SM90.space
+    assert set(lane.space) == set(SM90.space) | set(SM90_CANDIDATES)
+    for c in SM90_CANDIDATES:
+        assert lane.infeasible_reason(c, n=768, k=3072, arch_family="sm90") is None, c.id
+        # swizzling orders the tiles, never a tile's sums: a swizzled tile is in its unswizzled twin's group
+        assert summation_order(c) == ("fast" if c.fast_accum else f"promote{c.tile[2]}"), c.id
+    assert get("scaled_mm_fp8").wave_guard_dtype == "fp8"
+
+
+def test_candidates_render_with_their_swizzle():
+    from oasr_ops.families.scaled_mm_fp8.lanes import SM90_CANDIDATES, sm90_with_candidates
+
+    lane = sm90_with_candidates()
+    for c in SM90_CANDIDATES:
+        src = render(lane, c, "bf16")
+        assert c.id in src and ("FP8FastAccum" in src) == c.fast_accum
+        assert (f"args.scheduler.max_swizzle_size = {c.swizzle};" in src) == (c.swizzle != 1)
+        if not c.fast_accum:  # one promotion per K tile: every 256 elements for the 256-deep candidates
+            assert f"mma_promotion_interval = {c.tile[2] // 32};" in src
+    for c in SM90.space:  # the lane's kernels are unchanged (their JIT cache keys and the DB's impl stamp)
+        assert "max_swizzle_size" not in render(SM90, c, "bf16")
+    with pytest.raises(ValueError, match="not in lane"):
+        render(SM90, SM90_CANDIDATES[0], "bf16")
+
+
 @pytest.mark.parametrize("per_token,per_channel", [(True, True), (False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -545,3 +575,24 @@ def test_gate_candidates_on_cpu(op):
     members = [c.id for c in cands if c.gate.kind == "bitwise" and c.gate.baseline == rep.id]
     assert rep.id in rejected and members and all("baseline" in rejected[m] for m in members)
     assert "torch" not in rejected and "heuristic" not in rejected
+    if op == "scaled_mm_fp8_quant":
+        assert not operands.variants  # e4m3 output: nothing else is served
+        return
+    # the plain op is gated in fp16 output too (the DB serves both): a tile wrong only in fp16 is rejected, and
+    # the reason names the variant; its bitwise group goes with it
+    assert [v.label for v in operands.variants] == ["fp16 output"]
+
+    def wrong_in_fp16(o, config, copy, _bind=rep.bind):
+        call = _bind(o, config, copy)
+
+        def run():
+            y = call()
+            return (-y.float()).to(y.dtype) if y.dtype == torch.float16 else y
+        return run
+
+    cands3 = [replace(c, bind=wrong_in_fp16) if c.id == rep.id else c for c in cands]
+    passed, rejected = gate_candidates(cands3, operands)
+    assert "fp16 output" in rejected[rep.id] and all(m in rejected for m in members)
+    assert {c.id for c in passed} == {c.id for c in cands} - {rep.id, *members}
+    passed, rejected = gate_candidates(cands3, replace(operands, variants=[]))  # bf16 alone: all pass
+    assert not rejected

@@ -10,6 +10,9 @@
 * The quantizing op (e4m3 output): bitwise within groups and within e4m3 rounding of the reference.
 * CUDA-graph capture replays the same bits as eager calls; `auto` / `heuristic` serve kernels; a quantized
   model (`quantize_(model, "fp8_w8a8")`) runs them.
+* The candidate tiles (`lanes.SM90_CANDIDATES`: timed by benchmarks/scaled_mm_fp8_probe.py, not served yet) are
+  checked like the lane's: same groups, same gates. The ops serve only the registered lane's configs, so a
+  candidate runs through the op's own kernel path (`ops._kernel_run`) with the lane that holds it.
 
 Writes `$OUT/fp8_gpu_numerics.json` (or ./fp8_gpu_numerics.json): per (K, dtype) the max error ratios of each
 order group against cuBLAS, and whether the swap-AB groups happen to match the non-swapped bits.
@@ -35,7 +38,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU CI never selects gpu
 import oasr_ops  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.configs import parse  # noqa: E402
-from oasr_ops.families.scaled_mm_fp8.lanes import summation_order  # noqa: E402
+from oasr_ops.families.scaled_mm_fp8.lanes import sm90_with_candidates, summation_order  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8.reference import FP8, quantize_weight_fp8  # noqa: E402
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 from oasr_ops.runtime.registry import get_lane  # noqa: E402
@@ -45,6 +48,7 @@ ARCH = current_arch_family()
 if ARCH != "sm90":  # pragma: no cover
     pytest.skip("the fp8 GPU suite targets the sm90 lane (sm89 has no GPU here)", allow_module_level=True)
 LANE = get_lane("sm90_fp8_wgmma")
+TESTED = sm90_with_candidates()  # the lane's configs, then the candidates
 
 MS = (1, 7, 16, 17, 64, 127, 1000, 4096, 16384)
 # ASR widths (Conformer S/M/L FFN and attention projections, Whisper base), K <= 5120, chosen to keep this file
@@ -57,7 +61,7 @@ _REPORT: dict = {"groups": {}, "swab_matches_unswapped": {}, "max_ratio": {}}
 
 
 def _ids(quant=False):
-    return [c.id for c in LANE.space if not (quant and c.kernel_schedule == "streamk")]
+    return [c.id for c in TESTED.space if not (quant and c.kernel_schedule == "streamk")]
 
 
 def _groups(ids):
@@ -69,8 +73,8 @@ def _groups(ids):
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    specs = [JitSpec.for_kernel(LANE, c, dt, ARCH) for c in LANE.space for dt in ("fp16", "bf16")]
-    specs += [JitSpec.for_kernel(LANE, c, "fp8", ARCH) for c in LANE.space if c.kernel_schedule != "streamk"]
+    specs = [JitSpec.for_kernel(TESTED, c, dt, ARCH) for c in TESTED.space for dt in ("fp16", "bf16")]
+    specs += [JitSpec.for_kernel(TESTED, c, "fp8", ARCH) for c in TESTED.space if c.kernel_schedule != "streamk"]
     report = build_many(specs, jobs=16, progress=False)
     assert not report.failed, report.summary()
     fops.reset_plans()
@@ -107,8 +111,18 @@ def _poison(numel, dtype):
     del t
 
 
+def _candidate(op, cfg, a, w, sa, sw, bias, dt, out_scale=None):
+    """A candidate tile (not in the registered lane) through the op's kernel path."""
+    m, (n, k) = a.shape[0], w.shape
+    run = fops._kernel_run(op, parse(cfg), dt, m, n, k, ARCH, fops.signature(op, n, k), lane=TESTED)
+    assert run is not None, f"{cfg} cannot run M={m} N={n} K={k}"
+    return run(a, w, sa, sw, bias, out_scale)
+
+
 def _run(cfg, a, w, sa, sw, bias, dt):
     _poison(a.shape[0] * w.shape[0], dt)
+    if cfg != "torch" and parse(cfg) not in LANE.space:
+        return _candidate("scaled_mm_fp8", cfg, a, w, sa, sw, bias, dt)
     y = torch.ops.oasr.scaled_mm_fp8(a, w, sa, sw, bias, dt, cfg)
     plan = fops._PLANS.plans.get(("scaled_mm_fp8", cfg, dt, a.shape[0], w.shape[0], w.shape[1], bias is not None,
                                   a.device, fops._epoch()))
@@ -170,7 +184,9 @@ def test_quant_op(n, k):
             outs = {}
             for cid in ids:
                 _poison(m * n, FP8)
-                outs[cid] = torch.ops.oasr.scaled_mm_fp8_quant(a, w, sa, sw, bias, out_scale, cid)
+                outs[cid] = (torch.ops.oasr.scaled_mm_fp8_quant(a, w, sa, sw, bias, out_scale, cid)
+                             if parse(cid) in LANE.space else
+                             _candidate("scaled_mm_fp8_quant", cid, a, w, sa, sw, bias, None, out_scale))
                 q = outs[cid].double()
                 # within e4m3 rounding (half an ulp: 2**-4 relative) plus the accumulation's own error; FastAccum
                 # never promotes its accumulator: measured on the H200 up to 1.6e-3 of the output's max at K=2048

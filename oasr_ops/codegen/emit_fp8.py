@@ -126,6 +126,7 @@ def render_scaled_mm_fp8(lane, config: Config, dtype: str) -> str:
         quant=dtype == "fp8",
         swap=config.swap_ab,
         fast_accum=config.fast_accum,
+        swizzle=config.swizzle,
         promotion_interval=promotion_interval(config),
         element_d=ELEMENT_D[dtype],
         element_bias=ELEMENT_BIAS[dtype],

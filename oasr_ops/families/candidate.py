@@ -52,6 +52,10 @@ class Operands:
     weights:   the weight copies a measurement rotates through (cold weights: enough copies to exceed L2);
                call j reads copy ``j % len(weights)``.
     reference: float64 reference output of copy 0 (for the tolerance gate), or None where the gate is bitwise.
+    variants:  the same inputs as the op is also served them but not timed (e.g. another output dtype of a DB
+               without a dtype in its signatures): the gates must pass on each too (`tune.candidates.
+               gate_candidates`); only `self` is measured.
+    label:     what a variant differs in (named in a rejection's reason).
     """
 
     point: Any
@@ -59,6 +63,8 @@ class Operands:
     consts: dict[str, Any] = field(default_factory=dict)
     weights: list[dict[str, Any]] = field(default_factory=list)
     reference: Callable[[], Any] | None = None
+    variants: list["Operands"] = field(default_factory=list)
+    label: str = ""
 
     @property
     def copies(self) -> int:

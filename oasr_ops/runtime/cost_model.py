@@ -17,6 +17,8 @@ Structure (`structure()`), per config c with tile (tm, tn, tk), cluster (cm, cn)
   K-loop term counts the balanced iterations per SM, and `red` the partial-sum fixup.
 * Serial split-K (2.x `_kN`) pays `red` for the partial sums too.
 * bytes = (M*K + N*K) * operand bytes + M*N * 2 (fp16 output); BW = DRAM bandwidth.
+* A swap-AB config (fp8 ``_swab``) runs the transposed problem D^T = W . A^T: M and N trade places (its tile's M
+  runs over the GEMM's N, its N over the tokens).
 
 Coefficients. Uncalibrated (`default_coefficients`): b_c = max(tile flops per k-iter / per-SM peak, operand
 bytes per k-iter / per-SM L2 feed), with cluster multicast dividing the shared operand's bytes; a_c = a fixed
@@ -93,6 +95,8 @@ def structure(cfg: Config, m: int, n: int, k: int, dtype: str, profile: ArchProf
     """The waves / residency / K-loop structure of `cfg` on (M, N, K); None when infeasible (rule 1)."""
     if min(m, n, k) <= 0:
         raise ValueError(f"GEMM dims must be positive, got M={m} N={n} K={k}")
+    if cfg.swap_ab:  # the kernel computes D^T = W . A^T: its rows are the GEMM's N, its columns the tokens
+        m, n = n, m
     eb = OPERAND_BYTES[normalize_dtype(dtype)]
     tm, tn, tk = cfg.tile
     cm, cn = cfg.cluster[0], cfg.cluster[1]
@@ -148,6 +152,8 @@ def probe_ms(cfg: Config, lo: int, hi: int, n: int, dtype: str, profile: ArchPro
     out = {lo + 1, hi}
     tm, tn, _ = cfg.tile
     cm, cn = cfg.cluster[0], cfg.cluster[1]
+    if cfg.swap_ab:  # M runs along the tile's N (see `structure`)
+        tm, tn, cm, cn = tn, tm, cn, cm
     col_tiles = _cdiv(_cdiv(n, tn), cn) * cn
     slots = _slots(cfg, profile, OPERAND_BYTES[normalize_dtype(dtype)])
     for wave in range(1, max_waves + 1):

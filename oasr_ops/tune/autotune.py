@@ -172,7 +172,8 @@ class BenchMeasurer:
         copies = bench.copies_for(ops.weight_bytes(), self.cold, cap=self.max_copies)
         if copies > 1:
             ops = operands_for(point, self.device, seed=point.m, copies=copies)
-        passed, _rejected = gate_candidates(list(cands), ops, catch=True)
+        # the process's own output dtype only (variants=False): a variant would JIT-build kernels it never runs
+        passed, _rejected = gate_candidates(list(cands), ops, catch=True, variants=False)
         if not passed:
             return {}
         n = max(bench.MIN_CALLS, copies)

@@ -74,8 +74,28 @@ def same_bits(a: Any, b: Any) -> bool:
 
 
 def gate_candidates(cands: Sequence[Candidate], operands: Operands, *, catch: bool = False,
-                    deadline: float | None = None) -> tuple[list[Candidate], dict[str, str]]:
+                    deadline: float | None = None, variants: bool = True) -> tuple[list[Candidate], dict[str, str]]:
     """Run every candidate once on `operands` and judge its output by its gate. Returns (passed, {id: reason}).
+    A candidate passes only if it also passes on each of ``operands.variants`` (the same inputs as the op is also
+    served them, e.g. the fp8 family's fp16 output: the DB serves both output dtypes, the build times bf16); the
+    reason of a rejection there names the variant. ``variants=False``: `operands` alone (the in-process tuners,
+    which would otherwise JIT-build kernels of a dtype the process does not run).
+    """
+    passed, rejected = _gate_once(cands, operands, catch=catch, deadline=deadline)
+    for variant in (operands.variants if variants else ()):
+        ok_before = {c.id for c in passed}
+        p2, r2 = _gate_once(cands, variant, catch=catch, deadline=deadline)
+        ok_here = {c.id for c in p2}
+        for cid, why in r2.items():
+            if cid in ok_before:
+                rejected[cid] = f"{why} ({variant.label or 'a variant of the operands'})"
+        passed = [c for c in passed if c.id in ok_here]
+    return passed, rejected
+
+
+def _gate_once(cands: Sequence[Candidate], operands: Operands, *, catch: bool = False,
+               deadline: float | None = None) -> tuple[list[Candidate], dict[str, str]]:
+    """`gate_candidates` on `operands` alone (its variants are not looked at).
 
     The tolerance gate compares with the operands' float64 reference and the baseline's own error
     (`stats.numeric_gate`); the baseline is gated too (it passes against itself unless it is not finite). The

@@ -58,8 +58,19 @@ def census_plan(census: list[str], arch: str, family: str | None = None, opts: A
         fopts = replace(opts, family=fam)
         for sig, work in load_works(census, fam).items():
             dt, ids = signature_configs(work, fopts, arch)
-            out.setdefault((fam, dt), set()).update(ids)
+            for d in (dt, *gate_dtypes(sig)):
+                out.setdefault((fam, d), set()).update(ids)
     return {key: sorted(ids) for key, ids in sorted(out.items()) if ids}
+
+
+def gate_dtypes(sig: str) -> tuple[str, ...]:
+    """Kernel dtypes the build's numeric gates also run a signature's candidates in, untimed (the family's
+    ``gate_dtypes`` handler; scaled_mm_fp8: fp16 output beside the timed bf16)."""
+    from .candidates import parts_of
+
+    parts = parts_of(sig)
+    handler = registry.get(parts.family).handler("gate_dtypes")
+    return tuple(handler(parts)) if handler else ()
 
 
 def signature_configs(work: Any, opts: Any, arch: str) -> tuple[str, set[str]]:
@@ -92,7 +103,7 @@ def signature_specs(work: Any, opts: Any, arch: str) -> list[JitSpec]:
     make = registry.get(fam).handler("prebuild_specs")
     if make is None or not ids:
         return []
-    return list(make(arch, False, (dt,), configs=[parse(c) for c in sorted(ids)]))
+    return list(make(arch, False, (dt, *gate_dtypes(work.signature)), configs=[parse(c) for c in sorted(ids)]))
 
 
 def census_specs(census: list[str], arch: str, family: str | None = None, opts: Any = None) -> list[JitSpec]:

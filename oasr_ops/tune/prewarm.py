@@ -276,7 +276,8 @@ def measure_point(p: Point, arch: str, deadline: float | None = None, device: An
     if not cands:
         return None
     ops = operands_for(p, device, seed=p.m)
-    passed, _rejected = gate_candidates(cands, ops, catch=True, deadline=deadline)
+    # the timed output dtype only (variants=False): a variant would JIT-build kernels inside the prewarm budget
+    passed, _rejected = gate_candidates(cands, ops, catch=True, deadline=deadline, variants=False)
     if not passed:
         return None
     arms = {c.id: [c.make_call(ops)] * bench.MIN_CALLS for c in passed}

@@ -58,12 +58,19 @@ def structural_ratio(n: int, k: int, dtype: str, arch: str, activation: bool = F
 
 
 def ratio_for_signature(sig: str, arch: str) -> RatioFn | None:
-    """`structural_ratio` for a signature of a family the cost model describes (its spec is ``modelled``), else
-    None. A half-precision signature is modelled as fp16 (bf16 has the same structure and peak)."""
+    """`structural_ratio` for a signature of a family the cost model describes, else None: a ``modelled`` family
+    (a half-precision signature is modelled as fp16: bf16 has the same structure and peak), or one that names the
+    operand dtype of its tiles (``wave_guard_dtype``: fp8's tiles are modelled as fp8 GEMMs against fp8 cuBLAS)."""
     parts = parse_signature(sig)
-    if parts is None or not registry.get(parts.family).modelled:
+    if parts is None:
         return None
-    dtype = parts.dt if parts.dt in ("fp16", "bf16") else "fp16"
+    spec = registry.get(parts.family)
+    if spec.modelled:
+        dtype = parts.dt if parts.dt in ("fp16", "bf16") else "fp16"
+    elif spec.wave_guard_dtype:
+        dtype = spec.wave_guard_dtype
+    else:
+        return None
     return structural_ratio(parts.n, parts.k, dtype, arch, activation=parts.op.endswith("activation"))
 
 
@@ -76,8 +83,12 @@ def _config(cid: str) -> Config | None:
 
 
 def _m_step(cid: str) -> int | None:
+    """The M extent of one tile row (x cluster): the tile's N extent for a swap-AB config, whose tile columns run
+    over the tokens."""
     cfg = _config(cid)
-    return None if cfg is None else cfg.tile[0] * cfg.cluster[0]
+    if cfg is None:
+        return None
+    return cfg.tile[1] * cfg.cluster[1] if cfg.swap_ab else cfg.tile[0] * cfg.cluster[0]
 
 
 def _merge(regions: list[list[Any]]) -> list[list[Any]]:

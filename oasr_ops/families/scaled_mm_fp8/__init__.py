@@ -28,6 +28,7 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="torch",
     no_arch="default",
     streamk_measured_only=True,
+    wave_guard_dtype="fp8",  # the build's wave guard holds regions between measured points (tune/region_guard.py)
     no_streamk_ops=("scaled_mm_fp8_quant",),
     heuristic=heuristic.heuristic,
     production_extras=heuristic.heuristic_ids,
@@ -37,5 +38,5 @@ FAMILY = registry.register(registry.FamilySpec(
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
               "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
-              "measure_dtype": candidates.measure_dtype},
+              "measure_dtype": candidates.measure_dtype, "gate_dtypes": candidates.gate_dtypes},
 ))

@@ -102,6 +102,31 @@ _SM90_IDS = (
     "t128x128x128_c1x1_sk_fa",
 )
 SM90_SPACE = tuple(parse(i) for i in _SM90_IDS)
+
+# Candidates for large M and 8192^3 (issue 14's unmet goals), not in the lane yet: not served, not measured by the
+# build. benchmarks/scaled_mm_fp8_probe.py times them against the lane's best tiles and torch._scaled_mm, and the
+# GPU suite checks them like the lane's tiles; the winners move into _SM90_IDS. Why each:
+# * 128x256 cooperative FastAccum with a 2x1 cluster (the W tile multicast to the pair: CUTLASS example 54's
+#   shape), with and without a swizzle of 8 (8192^3 streams 64 MiB of W per wave order without it: L2 misses);
+# * 256x128 cooperative FastAccum, cluster 1x2 (the A tile, the larger one, multicast), +/- swizzle 8;
+# * 128x128 FastAccum ping-pong with the cluster along N (1x2) and the 2x1 one swizzled; 128x128 cooperative;
+# * full accumulation with a 256-deep K tile: promotion into the fp32 accumulator every 256 elements instead of
+#   every 128 (each promotion waits for every issued wgmma: the 128-deep tiles stall twice as often), a new order
+#   group ``promote256``; cooperative 128x128 keeps both accumulators at 64 registers a thread (the 128x128
+#   ping-pong and 128x256 cooperative promoting tiles hold 2 x 128 and spill: 353 / 435 TFLOP/s at 8192^3).
+_SM90_CANDIDATE_IDS = (
+    "t128x256x128_c2x1_coop_fa",
+    "t128x256x128_c2x1_coop_z8_fa",
+    "t128x256x128_c1x1_coop_z8_fa",
+    "t256x128x128_c1x2_coop_fa",
+    "t256x128x128_c1x2_coop_z8_fa",
+    "t128x128x128_c1x2_pp_fa",
+    "t128x128x128_c2x1_pp_z8_fa",
+    "t128x128x128_c1x1_coop_fa",
+    "t128x128x256_c1x1_coop",
+    "t128x128x256_c2x1_coop",
+)
+SM90_CANDIDATES = tuple(parse(i) for i in _SM90_CANDIDATE_IDS)
 SM90_DEFAULT = parse("t128x128x128_c2x1_pp")
 
 SM90_FP8_WGMMA = Fp8Lane(
@@ -143,3 +168,11 @@ SM89_FP8_MMA = Fp8Lane(
 )
 
 LANES = (SM89_FP8_MMA, SM90_FP8_WGMMA)
+
+
+def sm90_with_candidates() -> Fp8Lane:
+    """The sm90 lane with the candidates added to its space: what the probe benchmark and the GPU suite compile
+    and run (not registered: the runtime never serves a candidate)."""
+    from dataclasses import replace
+
+    return replace(SM90_FP8_WGMMA, space=SM90_SPACE + tuple(c for c in SM90_CANDIDATES if c not in SM90_SPACE))

@@ -180,11 +180,15 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str):
-    try:
-        lane = lane_of(cfg, arch, FAMILY)
-    except ConfigError as e:
-        raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
+def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str, lane=None):
+    """fn(a, w, sa, sw, bias, extra) running `cfg`'s kernel for this shape, or None (warned) where it cannot.
+    `lane`: the lane to build from (default: the registered lane holding `cfg`; the probe benchmark passes
+    `lanes.sm90_with_candidates()` to time configs that are not served yet)."""
+    if lane is None:
+        try:
+            lane = lane_of(cfg, arch, FAMILY)
+        except ConfigError as e:
+            raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
     if op == "scaled_mm_fp8_quant" and cfg.kernel_schedule == "streamk":
         raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
     reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
