@@ -79,8 +79,14 @@ def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane
         src = render(lane, cfg, f"int8_{act}")
         assert "using Activated" in src and "struct Act" in src
         assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
-        # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure
-        assert src.count("QuantRn") == plain.count("QuantRn")
+        # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure;
+        # the sm90 activation variants quantize with the approximate reciprocal (QuantFast, one step of tolerance
+        # like the activation), the plain int8 variant keeps the exact division
+        if lane.name == "sm90_int8_wgmma":
+            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantRn, ElementD" in plain
+            assert "QuantFast" not in plain
+        else:
+            assert src.count("QuantRn") == plain.count("QuantRn")
     with pytest.raises(ValueError, match="not supported"):
         render(lane, cfg, "fp16_gelu")
 
@@ -100,3 +106,31 @@ def test_rewrite_bakes_the_act_quant_config():
     node = next(n for n in gm.graph.nodes if n.target is torch.ops.oasr.scaled_mm_act_quant.default)
     assert node.args[6] == "gelu" and node.args[7] not in ("auto",)
     assert any(s.op == "scaled_mm_quant" for s in res.sites)
+
+
+def test_act_quant_untuned_answer_is_restricted_to_the_act_tiles(monkeypatch):
+    from oasr_ops.families.graph import rewrite_graph
+    from oasr_ops.families.scaled_mm import act_quant, ops
+
+    n, k, m = 2048, 512, 3984
+    plain = ops.select_quant_config(n, k, m, "sm90")
+    assert act_quant.select_act_quant_config(n, k, m, "sm90") == plain  # no restriction: the quantizing op's answer
+    assert plain.tier == "heuristic"  # no measured entry at this signature: the restriction applies
+    tiles = tuple(c for c in ops.variants_for(n, k, quant=True, arch="sm90") if c != plain.config)[-2:]
+    monkeypatch.setattr(act_quant, "ACT_HEURISTIC_TILES", tiles)
+    sel = act_quant.select_act_quant_config(n, k, m, "sm90")
+    assert sel.config in tiles and sel.tier == "heuristic" and sel.signature == plain.signature
+
+    # the graph rewrite bakes the same restricted answer into the fused site
+    a = torch.zeros(m, k, dtype=torch.int8)
+    w = torch.zeros(n, k, dtype=torch.int8)
+
+    def f(a, w, sa, sw, s):
+        return torch.ops.oasr.scaled_mm_act_quant(a, w, sa, sw, None, s, "silu", "auto")
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f, tracing_mode="fake")(a, w, torch.ones(m), torch.ones(n), torch.ones(1))
+    rewrite_graph(gm.graph, bake=True, arch="sm90")
+    node = next(nd for nd in gm.graph.nodes if nd.target is torch.ops.oasr.scaled_mm_act_quant.default)
+    assert node.args[7] == sel.config

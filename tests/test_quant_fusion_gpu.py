@@ -24,6 +24,7 @@ from oasr_ops.codegen.render_layer_norm_quant import SPACE  # noqa: E402
 from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
 from oasr_ops.families.layer_norm_quant.ops import reference_layer_norm_quant  # noqa: E402
 from oasr_ops.families.scaled_mm.act_quant import reference_scaled_mm_act_quant  # noqa: E402
+from oasr_ops.families.scaled_mm.ops import _epilogue_fp32  # noqa: E402
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 from oasr_ops.runtime.registry import get_lane  # noqa: E402
 
@@ -32,13 +33,15 @@ ARCH = current_arch_family()
 SMM_LANE = get_lane("sm90_int8_wgmma" if ARCH == "sm90" else "sm80_int8_mma")
 MS = (1, 7, 17, 127, 1000, 4000)
 WIDTHS = (64, 144, 256, 512, 768, 1024, 1280, 2048)
+# Every tile the activation-quantizing op can serve (no Stream-K for an int8 output).
+ACT_TILES = SMM_LANE.data_parallel()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _built():
     arch = cuda_arch_of(DEV)
     specs = [spec_for(c, dt, "int8", arch) for c in SPACE for dt in (torch.float16, torch.bfloat16)]
-    specs += [JitSpec.for_kernel(SMM_LANE, SMM_LANE.default, f"int8_{a}", ARCH) for a in ("gelu", "silu")]
+    specs += [JitSpec.for_kernel(SMM_LANE, c, f"int8_{a}", ARCH) for a in ("gelu", "silu") for c in ACT_TILES]
     rep = build_many(specs, progress=False)
     print(rep.summary(), flush=True)
     assert not rep.failed, rep.summary()
@@ -125,6 +128,30 @@ def test_scaled_mm_act_quant_matches_the_reference(act, m):
     for out_scale, b in ((torch.tensor([0.05], device=DEV), bias), (torch.rand(m, device=DEV) * 0.05 + 0.02, None)):
         _poison()
         got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=SMM_LANE.default.id)
+        want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
+        assert (got.int() - want.int()).abs().max().item() <= 1
+        assert (got == want).float().mean().item() > 0.999
+
+
+@pytest.mark.parametrize("act", ("gelu", "silu"))
+@pytest.mark.parametrize("cfg", [c.id for c in ACT_TILES])
+def test_scaled_mm_act_quant_every_tile_over_the_activation_range(act, cfg):
+    """The fast-math epilogue (approximate exp / reciprocal, the polynomial erf) on every tile, with y spanning
+    about [-60, 60]: both activations' tails (SiLU -> -0 and GELU -> 0 for y << 0, -> y for y >> 0), saturation at
+    127 with the small scale, a partial last M tile and per-row scales."""
+    m, n, k = 1000, 1024, 256
+    g = torch.Generator(device=DEV).manual_seed(7)
+    a = torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), device=DEV, dtype=torch.int8, generator=g)
+    sa = torch.rand(m, device=DEV, generator=g) * 1e-2 + 1e-2
+    sw = torch.rand(n, device=DEV, generator=g) * 1e-2 + 1e-2
+    bias = torch.randn(n, device=DEV, generator=g)
+    y = _epilogue_fp32(torch._int_mm(a, w.t()), sa, sw, bias)
+    assert y.min().item() < -30 and y.max().item() > 30  # the range the test means to cover
+    for out_scale, b in ((torch.tensor([0.5], device=DEV), bias), (torch.tensor([0.02], device=DEV), bias),
+                         (torch.rand(m, device=DEV, generator=g) * 0.4 + 0.1, None)):
+        _poison()
+        got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=cfg)
         want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
         assert (got.int() - want.int()).abs().max().item() <= 1
         assert (got == want).float().mean().item() > 0.999

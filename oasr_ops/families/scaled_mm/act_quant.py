@@ -68,6 +68,31 @@ def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 
 
+# The activation epilogue (an exp and a reciprocal per element for SiLU; a polynomial erf and an exp for GELU) costs
+# more than the fp16 epilogue the int8 wave model was fitted on (heuristic.py), and only a ping-pong tile overlaps
+# it with the other warpgroup's mainloop. Where no measured entry exists for the signature, the untuned answer is
+# the wave model's argmin among these tiles (None: among all of them, as for `scaled_mm_quant`). Measured per tile
+# by benchmarks/act_quant_gemm.py (device step act-quant-bench).
+ACT_HEURISTIC_TILES: tuple[str, ...] | None = None
+
+
+def select_act_quant_config(n: int, k: int, m: int, arch: str | None = None) -> _select.Selection:
+    """The tile of one `scaled_mm_act_quant` call: a measured entry of op ``scaled_mm_quant`` when the DB has one,
+    else the int8 wave model restricted to `ACT_HEURISTIC_TILES`."""
+    sel = ops.select_quant_config(n, k, m, arch)
+    if sel.tier != "heuristic" or ACT_HEURISTIC_TILES is None:
+        return sel
+    lane = ops._lane_for(ops._current_arch(arch))
+    model = ops._INT8_WAVE_MODEL.get(lane.name) if lane is not None else None
+    if not model:
+        return sel
+    allowed = {cid: coef for cid, coef in model.items() if cid in ACT_HEURISTIC_TILES}
+    if not allowed:
+        return sel
+    sms = ops.sm_count(ops._current_arch(arch))
+    return _select.Selection(ops.wave_model_config(allowed, max(int(m), 1), n, k, sms), sel.tier, sel.signature)
+
+
 _PLANS = PlanCache()
 
 
@@ -79,7 +104,7 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
         return lambda a, w, sa, sw, bias, out_scale: reference_scaled_mm_act_quant(a, w, sa, sw, bias, out_scale,
                                                                                    activation)
     return make_plan(ops.FAMILY, config, m, n, k, arch, sig,
-                     select=lambda: _select.serve_config(ops.FAMILY, "scaled_mm_quant", "int8", n, k, m, arch),
+                     select=lambda: select_act_quant_config(n, k, m, arch),
                      torch_run=torch_run,
                      kernel_run=lambda cfg: ops._kernel_run("scaled_mm_quant", cfg, None, m, n, k, arch, sig,
                                                             variant=f"int8_{activation}",

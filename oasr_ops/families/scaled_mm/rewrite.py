@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..graph import RewriteContext, bake, static_int
-from . import ops
+from . import act_quant, ops
 
 FAMILY = "scaled_mm"
 _CONFIG_ARG = 6  # scaled_mm(a, w, scale_a, scale_w, bias, out_dtype|out_scale, config)
@@ -58,5 +58,6 @@ def rewrite(ctx: RewriteContext) -> None:
     rewrite_quantized_sites(ctx, FAMILY, {
         torch.ops.oasr.scaled_mm.default: ("scaled_mm", ops.select_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config, _CONFIG_ARG),
-        torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", ops.select_quant_config, _CONFIG_ARG_ACT),
+        torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", act_quant.select_act_quant_config,
+                                                     _CONFIG_ARG_ACT),
     }, "int8", ops.signature)
