@@ -47,14 +47,15 @@ def fake_bench(monkeypatch):
     return ran
 
 
-def test_conv1d_is_tunable_with_cudnn_as_the_fallback():
+def test_conv1d_is_tunable_with_the_lane_default_as_the_fallback():
     assert "conv1d" in tunable_families()
     for sig in (BTC, BCT):
         cands = candidates_for(parts_of(sig), "sm90")
         ids = [c.id for c in cands]
         assert ids[0] == "torch" and ids[1] == DWCONV_DEFAULT.id
         assert set(ids[1:]) == {c.id for c in SM80_F16_DWCONV.space} and len(ids) == len(set(ids))
-        assert fallback_id(cands) == "torch" and sum(c.fallback for c in cands) == 1
+        # the untuned answer is the partition's fallback (and the catch-all above the measured Ms), not cuDNN
+        assert fallback_id(cands) == DWCONV_DEFAULT.id and sum(c.fallback for c in cands) == 1
         assert {c.id for c in cands if c.prewarm} == {"torch", DWCONV_DEFAULT.id,
                                                        *(c.id for c in SM80_F16_DWCONV.coverage_basis)}
     # an even or too-wide kernel has no direct-kernel arm: cuDNN only
@@ -91,9 +92,11 @@ def test_generic_build_writes_conv1d_regions_over_b_times_t(tmp_path, fake_bench
                                   progress=False)
     res = build_mod.build([str(census)], opts)
     assert not res.rejected and res.points_measured == 3  # 16, 400 and the validation midpoint 80
-    assert res.entries[BTC]["regions"] == [[16, FAST], [None, "torch"]]
+    # cuDNN serves where it measured faster (here, synthetically, at 400); above the measured Ms the lane default
+    want = [[16, FAST], [400, "torch"], [None, DWCONV_DEFAULT.id]]
+    assert res.entries[BTC]["regions"] == want
     doc = json.loads((tmp_path / "db" / "sm90" / "conv1d.json").read_text())
-    assert doc["kernel_family"] == "conv1d" and doc["entries"][BTC]["regions"] == [[16, FAST], [None, "torch"]]
+    assert doc["kernel_family"] == "conv1d" and doc["entries"][BTC]["regions"] == want
 
 
 def test_prewarm_measures_a_conv1d_point_on_cpu(fake_bench):

@@ -1,8 +1,9 @@
 """The conv1d family's candidates and operands (the tuners' interface, `oasr_ops.families.candidate`).
 
 Arms of ``conv1d|op=<conv1d|conv1d_btc>|dt=..|N=<C>|K=<Kw>``: ``torch`` (cuDNN through `F.conv1d`, with the
-layout conversions a [B, T, C] caller pays: the family's "never slower than cuDNN" fallback, so a region names a
-direct kernel only where it measured faster), the lane default, then the rest of the depthwise space (tiles over
+layout conversions a [B, T, C] caller pays), the lane default (the partition's fallback: the untuned answer, never
+slower than cuDNN where measured, so a region names another arm only where it beats it), then the rest of the
+depthwise space (tiles over
 frames x channels, vector width, threads); each gated against the float64 conv at 4x cuDNN's own error. Prewarm
 times the production set (default + coverage basis) and torch.
 
@@ -13,6 +14,7 @@ noise of a memory-bound kernel, and the DB key has no activation).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...runtime.registry import native_lane
@@ -40,10 +42,16 @@ def host_probe() -> tuple[int, int]:
 
 
 def candidates(parts: Any, arch: str) -> list[Candidate]:
-    """torch (cuDNN, the fallback), the lane default, then the rest of the depthwise lane's space feasible for
+    """torch (cuDNN), the lane default (the fallback), then the rest of the depthwise lane's space feasible for
     (C, Kw) on `arch`."""
-    return lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
-                           arch)
+    cands = lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
+                            arch)
+    if len(cands) < 2:
+        return cands
+    # The partition's fallback is the lane default, the family's untuned answer (measured faster than cuDNN at
+    # every shape of docs/perf/conv.md): above the largest measured M, and wherever no config beats it by the
+    # gate's margin, a built DB then answers what an untuned shape gets, never cuDNN's 3-8x slower conv.
+    return [replace(cands[0], fallback=False), replace(cands[1], fallback=True), *cands[2:]]
 
 
 def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:
