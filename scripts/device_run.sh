@@ -47,6 +47,7 @@ STEPS=(
     "e2e-conv|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_compare.py --model examples.conformer:build_model --model-args size=M,conv_impl=conv1d --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 5 --out \$OUT/e2e_conformer_conv1d.json"
     "e2e-conv-linear|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_compare.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 5 --out \$OUT/e2e_conformer_linear.json"
     "prebuild-conv1d|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family conv1d --all --jobs 16 --quiet"
+    "ncu-dwconv|NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); \$NCU -k regex:dwconv -c 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats python3 benchmarks/dwconv_profile.py"
     "conv-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_conv1d_gpu.py tests/test_conv_module_gpu.py"
     "conv-module-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_conv_module_gpu.py"
     "conv-module|OASR_TUNE_USER_DB=off python3 benchmarks/conv_module.py --size M --batch 16 --frames 1000 --rounds 5 --out \$OUT/conv_module.json"
