@@ -12,7 +12,8 @@ profiled Conformer M call), (32, 1000), (8, 3000); 80 mel bins. Per shape, fp16:
   ``oasr_<config>`` for every direct-conv config and ``oasr_auto`` (the untuned rule).
 * conv2 = Conv2d(C, C, 3, stride 2) + ReLU on conv1's output:
   ``cudnn_nchw`` relu(F.conv2d) on the NCHW tensor (cuDNN's NHWC kernel + its nhwcToNchw conversion, then ReLU);
-  ``cudnn_nhwc`` the torch arm on NHWC; ``oasr_<config>`` for every CUTLASS implicit-GEMM config, ``oasr_auto``.
+  ``cudnn_nhwc`` the torch arm on NHWC; ``oasr_<config>`` for every CUTLASS implicit-GEMM config (2.x ``b...`` and,
+  on sm90, 3.x ``t..._ws``), ``oasr_auto``.
 Each variant is one op timed as a CUDA graph (benchmarks/scaled_mm.py's `time_graph`: median of --reps replays);
 numerics: max |y - ref| / max |ref| vs the fp32 conv (TF32 off), flagged above 1e-2. Reported: µs, TFLOP/s of
 conv2, the best oasr config and its speedup over cudnn_nchw / cudnn_nhwc, and the frontend's sum over both convs.
@@ -99,7 +100,7 @@ def run_shapes(args) -> list[dict]:
 
     lane = ops.native_lane(_arch())
     direct = [c.id for c in lane.space if c.generation == "dc"]
-    igemm = [c.id for c in lane.space if c.generation == "2x"]
+    igemm = [c.id for c in lane.space if c.generation in ("2x", "3x")]
     rows = []
     for s in args.shapes:
         c, bsz, frames = parse_shape(s)

@@ -1,9 +1,9 @@
-"""The conv2d_activation kernels on the GPU: every config of the native lane (direct conv and CUTLASS implicit
-GEMM), fp16/bf16, odd frame counts, strides 1 and 2, padding, bias / no bias, every activation, NaN-poisoned
+"""The conv2d_activation kernels on the GPU: every config of the native lane (direct conv, CUTLASS 2.x and, on
+sm90, 3.x implicit GEMM), fp16/bf16, odd frame counts, strides 1 and 2, padding, bias / no bias, every activation, NaN-poisoned
 outputs, rel err < 1e-2 vs an fp32 reference (TF32 off); the untuned rule; CUDA-graph capture; the compiled
 Conv2dSubsampling frontend (reduce-overhead) and its recorded sites.
 
-Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (10 configs x 2 dtypes) are built
+Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (12 configs x 2 dtypes on sm90) are built
 first, in parallel; with ``OASR_JIT_DIR`` pointing at a prebuilt directory that step only loads them.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 ARCH = current_arch_family()
 LANE = ops.native_lane(ARCH)
 DIRECT = [c.id for c in LANE.space if c.generation == "dc"] if LANE is not None else []
-IGEMM = [c.id for c in LANE.space if c.generation == "2x"] if LANE is not None else []
+IGEMM = [c.id for c in LANE.space if c.generation in ("2x", "3x")] if LANE is not None else []
 DTYPES = [torch.float16, torch.bfloat16]
 ACTS = {"none": lambda y: y, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu}
 
@@ -118,8 +118,9 @@ def test_untuned_rule_and_torch_arm():
         assert rel_err(y, reference(x, w, b, (2, 2), (0, 0), "relu")) < 1e-2
 
 
-def test_cuda_graph_capture():
-    direct, igemm = LANE.default.id, IGEMM[0]
+@pytest.mark.parametrize("igemm", [IGEMM[0], IGEMM[-1]] if IGEMM else [])
+def test_cuda_graph_capture(igemm):
+    direct = LANE.default.id
     x, w1, b1 = make(2, 61, 80, 1, 256, torch.float16, 3)
     _, w2, b2 = make(1, 3, 3, 256, 256, torch.float16, 4)
 
