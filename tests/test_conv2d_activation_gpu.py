@@ -106,6 +106,16 @@ def test_every_implicit_gemm_config(cfg, dtype, t):
                 (1, t, 20, 32, 64, (2, 1), (1, 0), True, "gelu")], dtype)
 
 
+def test_misaligned_views_run_the_torch_arm():
+    x, w, b = make(1, 41, 39, 264, 256, torch.float16, 5)
+    xs = x.reshape(-1)[8:].reshape(-1)[: 40 * 39 * 264].view(1, 40, 39, 264)  # an 8-element (16-byte) offset: aligned
+    xo = x.reshape(-1)[1:][: 40 * 39 * 256].view(1, 40, 39, 256)              # a 2-byte offset: misaligned
+    for xi, wi in ((xs, w), (xo, w[:, :, :, :256].contiguous())):
+        for cfg in IGEMM:
+            y = ops.conv2d_activation(xi, wi, b, stride=(2, 2), activation="relu", config=cfg)
+            assert rel_err(y, reference(xi, wi, b, (2, 2), (0, 0), "relu")) < 1e-2, cfg
+
+
 def test_untuned_rule_and_torch_arm():
     x1, w1, b1 = make(2, 101, 80, 1, 256, torch.float16, 1)
     y1 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu")
