@@ -78,12 +78,13 @@ def check(cfg, cases, dtype):
     for i, (b, h, w, cin, cout, stride, padding, with_bias, act) in enumerate(cases):
         x, wt, bias = make(b, h, w, cin, cout, dtype, seed=i + 17 * h)
         bb = bias if with_bias else None
+        ops.reset_plans()
         y = poisoned_call(x, wt, bb, stride, padding, act, cfg)
+        assert [p.config for p in ops.served()] == [cfg], (cfg, i)  # the kernel, not the torch fallback, served
         r = reference(x, wt, bb, stride, padding, act)
         assert y.shape == r.shape and y.dtype == dtype and y.is_contiguous()
         assert torch.isfinite(y).all(), (cfg, i)
         assert rel_err(y, r) < 1e-2, (cfg, i, rel_err(y, r))
-    assert served_by(cfg)  # the kernel, not the torch fallback, served
 
 
 @pytest.mark.parametrize("cfg", DIRECT)
@@ -117,6 +118,7 @@ def test_misaligned_views_run_the_torch_arm():
 
 
 def test_untuned_rule_and_torch_arm():
+    ops.reset_plans()
     x1, w1, b1 = make(2, 101, 80, 1, 256, torch.float16, 1)
     y1 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu")
     assert served_by(LANE.default.id)
