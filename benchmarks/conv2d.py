@@ -21,11 +21,13 @@ conv2, the best oasr config and its speedup over cudnn_nchw / cudnn_nhwc, and th
 Module (``--module-shapes``, default C=512 B=16 frames=1027 and C=256 B=32 frames=1000):
 examples.conformer.Conv2dSubsampling4(80, C, C) in fp16, torch.compile(mode="reduce-overhead") with backend
 inductor vs oasr, --rounds alternating rounds of 20 calls each (median per round, then the median of rounds),
-error vs the fp32 module, and the oasr sites (config and tier per conv).
+error vs the fp32 module, the oasr sites (config and tier per conv), and each backend's kernel-time profile
+(torch.profiler, compiled without CUDA graphs, 5 calls).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -143,9 +145,30 @@ def _arch():
     return current_arch_family()
 
 
+def kernel_profile(fn, x, iters: int) -> tuple[float, list[dict]]:
+    """(kernel µs per call, the top kernels) of `fn(x)` under torch.profiler (no CUDA graphs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn(x)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"kernel": ev.key[:120], "calls_per_iter": ev.count / iters, "us_per_iter": t / iters})
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return sum(r["us_per_iter"] for r in rows), rows[:12]
+
+
 def run_module(args) -> list[dict]:
     from examples import conformer
     from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
 
     out = []
     for s in args.module_shapes:
@@ -157,12 +180,14 @@ def run_module(args) -> list[dict]:
             ref = m(x)
             mh, xh = m.half(), x.half()
             fns, errs, sites = {}, {}, []
-            for backend in ("inductor", "oasr"):
-                torch._dynamo.reset()
+            torch.compiler.reset()
+            for backend in ("inductor", "oasr"):  # one copy of the module per backend, no reset between
                 rw.clear_rewrite_log()
-                fn = torch.compile(mh, backend=backend, mode="reduce-overhead", dynamic=False)
-                for _ in range(3):
-                    y = fn(xh)
+                with torch._inductor.config.patch(fx_graph_cache=False):  # the pass runs: its sites are read
+                    fn = torch.compile(copy.deepcopy(mh), backend=oasr_backend if backend == "oasr" else backend,
+                                       mode="reduce-overhead", dynamic=False)
+                    for _ in range(3):
+                        y = fn(xh)
                 torch.cuda.synchronize()
                 errs[backend] = float((y.float() - ref).abs().max() / ref.abs().max())
                 if backend == "oasr":
@@ -180,14 +205,25 @@ def run_module(args) -> list[dict]:
                         en.synchronize()
                         ts.append(st.elapsed_time(en) * 1000)
                     rounds[backend].append(statistics.median(ts))
+            profiles = {}
+            for backend in ("inductor", "oasr"):  # kernel time without CUDA graphs: every kernel is the frontend's
+                with torch._inductor.config.patch(fx_graph_cache=False):
+                    fn = torch.compile(copy.deepcopy(mh), backend=oasr_backend if backend == "oasr" else backend,
+                                       dynamic=False)
+                    profiles[backend] = kernel_profile(fn, xh, 5)
         med = {b: statistics.median(v) for b, v in rounds.items()}
         row = {"C": c, "B": bsz, "frames": frames, "us": med, "rounds_us": rounds, "err": errs, "sites": sites,
-               "speedup_oasr_vs_inductor": med["inductor"] / med["oasr"]}
+               "speedup_oasr_vs_inductor": med["inductor"] / med["oasr"],
+               "kernel_us": {b: p[0] for b, p in profiles.items()}, "kernels": {b: p[1] for b, p in profiles.items()}}
         out.append(row)
         print(f"module C={c} B={bsz} frames={frames}: inductor {med['inductor']:.1f} us, oasr {med['oasr']:.1f} us "
               f"({row['speedup_oasr_vs_inductor']:.2f}x), err {errs}, sites "
               f"{[(s['op'], s['k'], s['config'], s['tier']) for s in sites]}", flush=True)
-        torch._dynamo.reset()
+        for b, (total, rows) in profiles.items():
+            print(f"  {b} kernel time {total:.1f} us: " + "; ".join(f"{r['kernel'][:60]} {r['us_per_iter']:.1f}"
+                                                              for r in rows[:6]), flush=True)
+        del fns
+        torch.compiler.reset()
         torch.cuda.empty_cache()
     return out
 

@@ -299,13 +299,14 @@ def test_flatten_permutation_is_the_same_dot_products():
 def test_compiled_frontend_on_cpu_uses_the_ops():
     """The real post-grad graph (torch.compile, backend oasr): two sites, numerics of the compiled module."""
     from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
 
     m = frontend(c=8, d=16)
     x = torch.randn(2, 41, 80, dtype=torch.float16)
     rw.clear_rewrite_log()
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
         torch._dynamo.reset()
-        out = torch.compile(m, backend="oasr", dynamic=False)(x)
+        out = torch.compile(m, backend=oasr_backend, dynamic=False)(x)
         ref = m.double()(x.double())
     (res,) = rw.rewrite_log()
     assert [(s.family, s.op, s.k) for s in res.sites if s.family == "conv2d_activation"] == [
