@@ -69,6 +69,7 @@ def bench_conv(name: str, x_nchw, w, b, configs: list[str], reps: int, calls: in
     x_nhwc = x_nchw.permute(0, 2, 3, 1).contiguous()
     w_krsc = w.permute(0, 2, 3, 1).contiguous()
     ref = ref_conv(x_nchw, w, b, 2)
+    ops.reset_plans()  # `served` below: this conv's plans only
     us: dict[str, float] = {}
     errs: dict[str, object] = {}
     us["cudnn_nchw"] = time_graph(lambda i: torch.relu(F.conv2d(x_nchw, w, b, stride=2)), 1, calls=calls, reps=reps)
