@@ -18,7 +18,7 @@ from oasr_ops.tune.stats import Estimate
 
 FIRST = "conv2d_activation|op=conv2d_k3s2|dt=half|N=16|K=9"
 SECOND = "conv2d_activation|op=conv2d_k3s2|dt=half|N=16|K=288"  # Cin = 32: implicit GEMM only
-FAST = "dc32x128_v8_n256"  # the synthetic winner at small M
+FAST = "dc128x128_v8_n256"  # the synthetic winner at small M
 
 
 def _synthetic_s(name: str, m: int) -> float:

@@ -11,11 +11,11 @@
   schedule for conv: `MainloopSm90TmaGmmaWarpSpecializedImplicitGemm` asserts it), bias + activation as the sm90
   GEMM lane's EVT. One consumer warpgroup: at most 128 x 128 accumulators per tile.
 
-`sm90_f16_conv2d` (nvcc 90a, native on sm90) holds all three; `sm80_f16_conv2d` (sm80 SASS compiled for the
-family it runs on, native on sm80..sm89) the first two. A config the problem cannot use is statically infeasible
+`sm90_f16_conv2d` (nvcc 90a, native on sm90) holds the direct and 3.x configs; `sm80_f16_conv2d` (sm80 SASS
+compiled for the family it runs on, native on sm80..sm89) the direct and 2.x ones. A config the problem cannot use is statically infeasible
 (`Lane.infeasible_reason`: a direct config for K > 196, an implicit-GEMM one for K or N not a multiple of 8), so
-tuning and the untuned rule never offer it. The space is kept small (12 configs x 2 dtypes on sm90) so a prebuild
-stays around 24 kernels.
+tuning and the untuned rule never offer it. The space is kept small (9 configs x 2 dtypes on sm90) so a prebuild
+stays under 24 kernels.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ...configs import Lane, parse
 
 _DIRECT = (
     "dc64x128_v8_n256",   # the lane default: 4 positions x 16-byte vectors per thread
-    "dc32x128_v8_n256",   # more CTAs (short inputs)
+    "dc128x128_v8_n256",  # 8 positions per thread: fastest at 10 of 12 frontend shapes (first H200 run)
     "dc32x256_v8_n256",   # wide channel tiles: Cout 256+, 8 positions per thread
     "dc16x512_v8_n256",   # one CTA covers Cout = 512 (each input patch staged once)
 )
@@ -64,7 +64,9 @@ SM90_F16_CONV2D = Lane(
     cuda_arch="90a",
     arch_families=("sm90",),
     native_for=("sm90",),
-    space=tuple(parse(i) for i in _DIRECT + _IMPLICIT_GEMM_2X + _IMPLICIT_GEMM_3X),
+    # no 2.x tiles: on the H200 the best of five was 0.74-0.88x cuDNN's NHWC kernel at all 12 frontend shapes
+    # (docs/perf/conv.md); they stay the sm80 lane's implicit GEMM
+    space=tuple(parse(i) for i in _DIRECT + _IMPLICIT_GEMM_3X),
     default=DIRECT_DEFAULT,
     coverage_basis=(parse("t128x128x64_c1x1_ws"),),
     smem_bytes=_SMEM,
