@@ -346,3 +346,28 @@ def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, dtype,
     assert lib.workspace_size(*(first if direct else second)) == 0
     assert "error" not in spec.log_path.read_text().lower()
     ctypes.CDLL(str(lib.path)).oasr_conv2d_abi_version()
+
+
+def test_compiled_frontend_with_dynamic_shapes():
+    """Symbolic B and T: the sites bake region tables, the shape queries of the replaced convs move to the ops'
+    views (no convolution left behind for a `sym_size`), numerics at two shapes of one compiled graph."""
+    from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
+
+    m = frontend(c=8, d=16)
+    rw.clear_rewrite_log()
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        torch._dynamo.reset()
+        fn = torch.compile(m, backend=oasr_backend, dynamic=True)
+        for b, t in ((2, 41), (3, 57)):
+            x = torch.randn(b, t, 80, dtype=torch.float16)
+            out = fn(x)
+            ref = m.double()(x.double())
+            m.half()
+            assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
+    log = rw.rewrite_log()
+    assert log
+    for res in log:
+        convs = [s for s in res.sites if s.family == "conv2d_activation"]
+        assert len(convs) == 2 and all(s.m is None and s.m_expr is not None for s in convs)
+        assert not any("conv" in name for name, _ in res.skipped)  # nothing left for the conv1d matcher to skip
