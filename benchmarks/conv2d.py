@@ -9,6 +9,7 @@ profiled Conformer M call), (32, 1000), (8, 3000); 80 mel bins. Per shape, fp16:
 * conv1 = Conv2d(1, C, 3, stride 2) + ReLU on ``feats.unsqueeze(1)``:
   ``cudnn_nchw`` relu(F.conv2d) on the NCHW tensor, what Inductor runs (its ReLU is a separate Triton pass);
   ``cudnn_nhwc`` the op's ``torch`` arm (F.conv2d on channels_last views + in-place ReLU, packed NHWC out);
+  ``cudnn_nhwc_fused`` the ``fused`` arm (torch.cudnn_convolution_relu: cuDNN's conv + bias + ReLU fusion);
   ``oasr_<config>`` for every direct-conv config and ``oasr_auto`` (the untuned rule).
 * conv2 = Conv2d(C, C, 3, stride 2) + ReLU on conv1's output:
   ``cudnn_nchw`` relu(F.conv2d) on the NCHW tensor (cuDNN's NHWC kernel + its nhwcToNchw conversion, then ReLU);
@@ -73,8 +74,8 @@ def bench_conv(name: str, x_nchw, w, b, configs: list[str], reps: int, calls: in
     us: dict[str, float] = {}
     errs: dict[str, object] = {}
     us["cudnn_nchw"] = time_graph(lambda i: torch.relu(F.conv2d(x_nchw, w, b, stride=2)), 1, calls=calls, reps=reps)
-    for cfg in ["torch", *configs, "auto"]:
-        key = "cudnn_nhwc" if cfg == "torch" else f"oasr_{cfg}"
+    for cfg in ["torch", "fused", *configs, "auto"]:
+        key = {"torch": "cudnn_nhwc", "fused": "cudnn_nhwc_fused"}.get(cfg, f"oasr_{cfg}")
         try:
             y = ops.conv2d_activation(x_nhwc, w_krsc, b, stride=(2, 2), activation="relu", config=cfg)
             errs[key] = err(y, ref)

@@ -166,9 +166,9 @@ def test_candidates_and_operands():
 
     parts = SimpleNamespace(n=512, k=9)
     ids = [c.id for c in candidates.candidates(parts, "sm90")]
-    assert ids[0] == "torch" and ids[1] == DIRECT_DEFAULT.id and all(i.startswith("dc") for i in ids[1:])
+    assert ids[:3] == ["torch", "fused", DIRECT_DEFAULT.id] and all(i.startswith("dc") for i in ids[2:])
     ids2 = [c.id for c in candidates.candidates(SimpleNamespace(n=512, k=4608), "sm90")]
-    assert ids2[0] == "torch" and len(ids2) > 1 and all(i[0] in "bt" for i in ids2[1:])
+    assert ids2[:2] == ["torch", "fused"] and len(ids2) > 2 and all(i[0] in "bt" for i in ids2[2:])
     for op, n, k, m in (("conv2d_k3s2", 16, 9, 500), ("conv2d_k3s2", 16, 72, 77), ("conv2d_k3s1", 8, 72, 40)):
         point = SimpleNamespace(op=op, n=n, k=k, m=m, dtype="fp16")
         o = candidates.operands(point, "cpu", seed=1)

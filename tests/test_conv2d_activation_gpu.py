@@ -126,7 +126,11 @@ def test_untuned_rule_and_torch_arm():
     y2 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu")
     y3 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="torch")
     assert served_by("torch")
-    for y, (x, w, b) in ((y1, (x1, w1, b1)), (y2, (x2, w2, b2)), (y3, (x2, w2, b2))):
+    y4 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="fused")  # cuDNN's fusion
+    y5 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu", config="fused")
+    assert served_by("fused")
+    for y, (x, w, b) in ((y1, (x1, w1, b1)), (y2, (x2, w2, b2)), (y3, (x2, w2, b2)), (y4, (x2, w2, b2)),
+                         (y5, (x1, w1, b1))):
         assert rel_err(y, reference(x, w, b, (2, 2), (0, 0), "relu")) < 1e-2
 
 

@@ -51,14 +51,15 @@ def test_conv2d_is_tunable_with_cudnn_as_the_fallback():
     assert "conv2d_activation" in tunable_families()
     cands = candidates_for(parts_of(FIRST), "sm90")
     ids = [c.id for c in cands]
-    assert ids[0] == "torch" and ids[1] == DIRECT_DEFAULT.id
-    assert set(ids[1:]) == {c.id for c in SM90_F16_CONV2D.space if c.generation == "dc"}
+    assert ids[:3] == ["torch", "fused", DIRECT_DEFAULT.id]
+    assert set(ids[2:]) == {c.id for c in SM90_F16_CONV2D.space if c.generation == "dc"}
     assert fallback_id(cands) == "torch" and sum(c.fallback for c in cands) == 1
     ids2 = [c.id for c in candidates_for(parts_of(SECOND), "sm90")]
-    assert ids2[0] == "torch" and set(ids2[1:]) == {c.id for c in SM90_F16_CONV2D.space if c.generation != "dc"}
+    assert ids2[:2] == ["torch", "fused"] and set(ids2[2:]) == {c.id for c in SM90_F16_CONV2D.space
+                                                                  if c.generation != "dc"}
     # K neither small nor a multiple of 8 (Cin = 25): cuDNN only
     assert [c.id for c in candidates_for(parts_of("conv2d_activation|op=conv2d_k3s1|dt=half|N=16|K=225"),
-                                         "sm90")] == ["torch"]
+                                         "sm90")] == ["torch", "fused"]
 
 
 @pytest.mark.parametrize("sig,dtype,m", [(FIRST, "fp16", 1), (FIRST, "bf16", 250), (SECOND, "fp16", 19),
@@ -72,7 +73,7 @@ def test_operands_are_seeded_and_every_arm_passes_the_gate(sig, dtype, m):
     cands = candidates_for(parts_of(sig), "sm90")
     passed, rejected = gate_candidates(cands, ops)
     assert not rejected and [c.id for c in passed] == [c.id for c in cands]
-    out = cands[1].make_call(ops, 1)()
+    out = cands[2].make_call(ops, 1)()
     assert out.dim() == 4 and out.shape[1] * out.shape[2] >= m
 
     def wrong(o, config, copy):  # a kernel that launches and returns the wrong numbers is caught
