@@ -9,10 +9,12 @@ profiled Conformer M call), (32, 1000), (8, 3000); 80 mel bins. Per shape, fp16:
 * conv1 = Conv2d(1, C, 3, stride 2) + ReLU on ``feats.unsqueeze(1)``:
   ``cudnn_nchw`` relu(F.conv2d) on the NCHW tensor, what Inductor runs (its ReLU is a separate Triton pass);
   ``cudnn_nhwc`` the op's ``torch`` arm (F.conv2d on channels_last views + in-place ReLU, packed NHWC out);
+  ``cudnn_nhwc_fused`` the ``fused`` arm (torch.cudnn_convolution_relu: cuDNN's conv + bias + ReLU fusion);
   ``oasr_<config>`` for every direct-conv config and ``oasr_auto`` (the untuned rule).
 * conv2 = Conv2d(C, C, 3, stride 2) + ReLU on conv1's output:
   ``cudnn_nchw`` relu(F.conv2d) on the NCHW tensor (cuDNN's NHWC kernel + its nhwcToNchw conversion, then ReLU);
-  ``cudnn_nhwc`` the torch arm on NHWC; ``oasr_<config>`` for every CUTLASS implicit-GEMM config, ``oasr_auto``.
+  ``cudnn_nhwc`` the torch arm on NHWC; ``oasr_<config>`` for every CUTLASS implicit-GEMM config (2.x ``b...`` and,
+  on sm90, 3.x ``t..._ws``), ``oasr_auto``.
 Each variant is one op timed as a CUDA graph (benchmarks/scaled_mm.py's `time_graph`: median of --reps replays);
 numerics: max |y - ref| / max |ref| vs the fp32 conv (TF32 off), flagged above 1e-2. Reported: µs, TFLOP/s of
 conv2, the best oasr config and its speedup over cudnn_nchw / cudnn_nhwc, and the frontend's sum over both convs.
@@ -20,11 +22,13 @@ conv2, the best oasr config and its speedup over cudnn_nchw / cudnn_nhwc, and th
 Module (``--module-shapes``, default C=512 B=16 frames=1027 and C=256 B=32 frames=1000):
 examples.conformer.Conv2dSubsampling4(80, C, C) in fp16, torch.compile(mode="reduce-overhead") with backend
 inductor vs oasr, --rounds alternating rounds of 20 calls each (median per round, then the median of rounds),
-error vs the fp32 module, and the oasr sites (config and tier per conv).
+error vs the fp32 module, the oasr sites (config and tier per conv), and each backend's kernel-time profile
+(torch.profiler, compiled without CUDA graphs, 5 calls).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -66,11 +70,12 @@ def bench_conv(name: str, x_nchw, w, b, configs: list[str], reps: int, calls: in
     x_nhwc = x_nchw.permute(0, 2, 3, 1).contiguous()
     w_krsc = w.permute(0, 2, 3, 1).contiguous()
     ref = ref_conv(x_nchw, w, b, 2)
+    ops.reset_plans()  # `served` below: this conv's plans only
     us: dict[str, float] = {}
     errs: dict[str, object] = {}
     us["cudnn_nchw"] = time_graph(lambda i: torch.relu(F.conv2d(x_nchw, w, b, stride=2)), 1, calls=calls, reps=reps)
-    for cfg in ["torch", *configs, "auto"]:
-        key = "cudnn_nhwc" if cfg == "torch" else f"oasr_{cfg}"
+    for cfg in ["torch", "fused", *configs, "auto"]:
+        key = {"torch": "cudnn_nhwc", "fused": "cudnn_nhwc_fused"}.get(cfg, f"oasr_{cfg}")
         try:
             y = ops.conv2d_activation(x_nhwc, w_krsc, b, stride=(2, 2), activation="relu", config=cfg)
             errs[key] = err(y, ref)
@@ -99,7 +104,7 @@ def run_shapes(args) -> list[dict]:
 
     lane = ops.native_lane(_arch())
     direct = [c.id for c in lane.space if c.generation == "dc"]
-    igemm = [c.id for c in lane.space if c.generation == "2x"]
+    igemm = [c.id for c in lane.space if c.generation in ("2x", "3x")]
     rows = []
     for s in args.shapes:
         c, bsz, frames = parse_shape(s)
@@ -142,9 +147,30 @@ def _arch():
     return current_arch_family()
 
 
+def kernel_profile(fn, x, iters: int) -> tuple[float, list[dict]]:
+    """(kernel µs per call, the top kernels) of `fn(x)` under torch.profiler (no CUDA graphs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn(x)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"kernel": ev.key[:120], "calls_per_iter": ev.count / iters, "us_per_iter": t / iters})
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return sum(r["us_per_iter"] for r in rows), rows[:12]
+
+
 def run_module(args) -> list[dict]:
     from examples import conformer
     from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
 
     out = []
     for s in args.module_shapes:
@@ -156,12 +182,14 @@ def run_module(args) -> list[dict]:
             ref = m(x)
             mh, xh = m.half(), x.half()
             fns, errs, sites = {}, {}, []
-            for backend in ("inductor", "oasr"):
-                torch._dynamo.reset()
+            torch.compiler.reset()
+            for backend in ("inductor", "oasr"):  # one copy of the module per backend, no reset between
                 rw.clear_rewrite_log()
-                fn = torch.compile(mh, backend=backend, mode="reduce-overhead", dynamic=False)
-                for _ in range(3):
-                    y = fn(xh)
+                with torch._inductor.config.patch(fx_graph_cache=False):  # the pass runs: its sites are read
+                    fn = torch.compile(copy.deepcopy(mh), backend=oasr_backend if backend == "oasr" else backend,
+                                       mode="reduce-overhead", dynamic=False)
+                    for _ in range(3):
+                        y = fn(xh)
                 torch.cuda.synchronize()
                 errs[backend] = float((y.float() - ref).abs().max() / ref.abs().max())
                 if backend == "oasr":
@@ -179,14 +207,25 @@ def run_module(args) -> list[dict]:
                         en.synchronize()
                         ts.append(st.elapsed_time(en) * 1000)
                     rounds[backend].append(statistics.median(ts))
+            profiles = {}
+            for backend in ("inductor", "oasr"):  # kernel time without CUDA graphs: every kernel is the frontend's
+                with torch._inductor.config.patch(fx_graph_cache=False):
+                    fn = torch.compile(copy.deepcopy(mh), backend=oasr_backend if backend == "oasr" else backend,
+                                       dynamic=False)
+                    profiles[backend] = kernel_profile(fn, xh, 5)
         med = {b: statistics.median(v) for b, v in rounds.items()}
         row = {"C": c, "B": bsz, "frames": frames, "us": med, "rounds_us": rounds, "err": errs, "sites": sites,
-               "speedup_oasr_vs_inductor": med["inductor"] / med["oasr"]}
+               "speedup_oasr_vs_inductor": med["inductor"] / med["oasr"],
+               "kernel_us": {b: p[0] for b, p in profiles.items()}, "kernels": {b: p[1] for b, p in profiles.items()}}
         out.append(row)
         print(f"module C={c} B={bsz} frames={frames}: inductor {med['inductor']:.1f} us, oasr {med['oasr']:.1f} us "
               f"({row['speedup_oasr_vs_inductor']:.2f}x), err {errs}, sites "
               f"{[(s['op'], s['k'], s['config'], s['tier']) for s in sites]}", flush=True)
-        torch._dynamo.reset()
+        for b, (total, rows) in profiles.items():
+            print(f"  {b} kernel time {total:.1f} us: " + "; ".join(f"{r['kernel'][:60]} {r['us_per_iter']:.1f}"
+                                                              for r in rows[:6]), flush=True)
+        del fns
+        torch.compiler.reset()
         torch.cuda.empty_cache()
     return out
 

@@ -10,7 +10,9 @@ out (``_k1``, ``_a8``), no ``_k0`` / ``_a0`` / ``_s0``, no leading zeros, no whi
 * CUTLASS 2.x multistage (mma.sync): ``b{M}x{N}x{K}_w{M}x{N}x{K}_s{stages}[_k{split}][_a{align}]``
   e.g. ``b128x128x64_w64x64x64_s3`` — threadblock tile, warp tile, pipeline stages.
 * CUTLASS 3.x warp-specialized (wgmma): ``t{M}x{N}x{K}_c{CM}x{CN}_{sched}[_s{stages}][_a{align}][_z{swizzle}][_fa][_swab]``
-  with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K);
+  with ``sched`` one of ``coop`` (cooperative), ``pp`` (ping-pong), ``sk`` (cooperative + Stream-K), ``ws``
+  (the basic, non-persistent warp-specialized kernel: one consumer warpgroup; CUTLASS's sm90 implicit-GEMM conv,
+  whose persistent schedules are not supported, uses it: the conv2d_activation family);
   no ``_s`` means the stage count is the builder's automatic smem carve-out. Two fp8-only flags (the
   scaled_mm_fp8 family): ``_fa`` fast accumulation (CUTLASS's ``*FP8FastAccum`` schedules: the wgmma accumulator
   is never promoted to full fp32), ``_swab`` swap-AB (the kernel computes ``D^T = W . A^T``: the tile's M runs
@@ -43,11 +45,11 @@ SENTINELS: tuple[str, ...] = ("default", "torch", "fused", "heuristic")
 AUTO = "auto"
 
 SCHEDULES_2X = ("multistage",)
-SCHEDULES_3X = ("cooperative", "pingpong", "streamk")
+SCHEDULES_3X = ("cooperative", "pingpong", "streamk", "warpspecialized")
 SCHEDULES_DW = ("depthwise",)
 SCHEDULES_DC = ("direct",)
 SWIZZLES = (1, 2, 4, 8)  # CUTLASS's persistent scheduler rounds max_swizzle_size down to a power of two <= 8
-_SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk"}
+_SCHED_SHORT = {"cooperative": "coop", "pingpong": "pp", "streamk": "sk", "warpspecialized": "ws"}
 _SCHED_LONG = {v: k for k, v in _SCHED_SHORT.items()}
 # The epilogue schedule is fixed by the kernel schedule for the TMA epilogues we emit; it is still an explicit
 # field so a DB file records it and a future lane can differ.
@@ -55,6 +57,7 @@ EPILOGUE_FOR_KERNEL = {
     "multistage": "default",
     "cooperative": "tma_cooperative",
     "pingpong": "tma",
+    "warpspecialized": "tma",
     "streamk": "tma_cooperative",
     "depthwise": "direct",
     "direct": "direct",
@@ -62,7 +65,7 @@ EPILOGUE_FOR_KERNEL = {
 
 # ASCII digits only (``\d`` would take any Unicode digit); matched with fullmatch (``$`` allows a final newline).
 _ID_2X = re.compile(r"b([0-9]+)x([0-9]+)x([0-9]+)_w([0-9]+)x([0-9]+)x([0-9]+)_s([0-9]+)(?:_k([0-9]+))?(?:_a([0-9]+))?")
-_ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk)(?:_s([0-9]+))?(?:_a([0-9]+))?"
+_ID_3X = re.compile(r"t([0-9]+)x([0-9]+)x([0-9]+)_c([0-9]+)x([0-9]+)_(coop|pp|sk|ws)(?:_s([0-9]+))?(?:_a([0-9]+))?"
                     r"(?:_z([0-9]+))?(_fa)?(_swab)?")
 _ID_DW = re.compile(r"dw([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
 _ID_DC = re.compile(r"dc([1-9][0-9]*)x([1-9][0-9]*)_v([1-9][0-9]*)_n([1-9][0-9]*)")
@@ -289,6 +292,8 @@ def _validate(c: Config) -> None:
             raise ConfigError("3.x configs split K through Stream-K, not split_k")
         if c.cluster[2] != 1 or not (_pow2(c.cluster[0]) and _pow2(c.cluster[1])) or c.cluster[0] * c.cluster[1] > 8:
             raise ConfigError(f"cluster {c.cluster} not supported")
+        if c.kernel_schedule == "warpspecialized" and c.tile[0] * c.tile[1] > 128 * 128:
+            raise ConfigError(f"tile {c.tile}: one consumer warpgroup holds at most 128 x 128 fp32 accumulators")
         if c.kernel_schedule in ("cooperative", "streamk") and c.tile[0] < 128:
             raise ConfigError("cooperative schedules need tile M >= 128 (two consumer warpgroups)")
         if c.tile[0] % 64 or c.tile[1] % 16:

@@ -69,6 +69,7 @@ STEPS=(
     "prebuild-conv2d|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family conv2d_activation --all --jobs 16 --quiet"
     "conv2d-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_conv2d_activation_gpu.py"
     "conv2d-bench|OASR_TUNE_USER_DB=off python3 benchmarks/conv2d.py --out \$OUT/conv2d.json"
+    "build-conv2d|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family conv2d_activation --all --jobs 16 --quiet && python3 -m oasr_ops tune build --family conv2d_activation --census benchmarks/census/conv/conformer_S_frontend_offline.json --census benchmarks/census/conv/conformer_M_frontend_offline.json --census benchmarks/census/conv/conformer_L_frontend_offline.json --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log \$OUT/conv2d_build_log.jsonl --checkpoint-dir \$OUT/ckpt_conv2d > \$OUT/conv2d_build.json && cp db/sm90/conv2d_activation.json \$OUT/conv2d_activation_db.json  (writes db/)"
     "e2e-frontend-profile|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1027 --iters 20 --attention rel_pos --backends inductor,oasr --profile 3 --out \$OUT/e2e_relpos_frontend_profile.json"
     "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --out \$OUT/e2e_int8_fused_whisper_small.json"
 )

@@ -15,7 +15,7 @@ import oasr_ops
 from examples import conformer
 from oasr_ops.configs import ConfigError, parse
 from oasr_ops.families.conv2d_activation import candidates, ops
-from oasr_ops.families.conv2d_activation.lanes import DIRECT_DEFAULT, SM80_F16_CONV2D
+from oasr_ops.families.conv2d_activation.lanes import DIRECT_DEFAULT, SM80_F16_CONV2D, SM90_F16_CONV2D
 from oasr_ops.families.conv2d_activation.rewrite import rewrite
 from oasr_ops.families.graph import RewriteContext, RewriteResult
 
@@ -113,38 +113,44 @@ def test_config_grammar_and_lane():
     for bad in ("dc64x128_v8_n100", "dc64x100_v8_n256", "dc3x128_v8_n256", "dc64x128_v16_n256", "dc2x512_v8_n256"):
         with pytest.raises(ConfigError):
             parse(bad)
-    lane = SM80_F16_CONV2D
-    assert lane.default == DIRECT_DEFAULT and len(lane.space) <= 12
+    ws = parse("t128x128x64_c2x1_ws")
+    assert ws.generation == "3x" and ws.kernel_schedule == "warpspecialized" and ws.cluster == (2, 1, 1)
+    with pytest.raises(ConfigError, match="one consumer warpgroup"):
+        parse("t128x256x64_c1x1_ws")
     first, second = (512, 9), (512, 512 * 9)
-    direct = [c for c in lane.space if c.generation == "dc"]
-    igemm = [c for c in lane.space if c.generation == "2x"]
-    assert direct and igemm
-    for c in direct:
-        assert lane.infeasible_reason(c, n=first[0], k=first[1], arch_family="sm90") is None
-        assert "exceeds" in lane.infeasible_reason(c, n=second[0], k=second[1], arch_family="sm90")
-    for c in igemm:
-        assert lane.infeasible_reason(c, n=second[0], k=second[1], arch_family="sm90") is None
-        assert lane.infeasible_reason(c, n=first[0], k=first[1], arch_family="sm90") is not None
+    for lane, arch, gens in ((SM90_F16_CONV2D, "sm90", {"dc", "3x"}), (SM80_F16_CONV2D, "sm80", {"dc", "2x"})):
+        assert lane.default == DIRECT_DEFAULT and len(lane.space) <= 12
+        assert {c.generation for c in lane.space} == gens
+        for c in lane.space:
+            if c.generation == "dc":
+                assert lane.infeasible_reason(c, n=first[0], k=first[1], arch_family=arch) is None
+                assert "exceeds" in lane.infeasible_reason(c, n=second[0], k=second[1], arch_family=arch)
+            else:
+                assert lane.infeasible_reason(c, n=second[0], k=second[1], arch_family=arch) is None
+                assert lane.infeasible_reason(c, n=first[0], k=first[1], arch_family=arch) is not None
+    assert ops.native_lane("sm90") is SM90_F16_CONV2D and ops.native_lane("sm86") is SM80_F16_CONV2D
 
 
 def test_render_every_config():
     from oasr_ops.codegen.render import render
 
-    for c in SM80_F16_CONV2D.space:
-        for dt in ("fp16", "bf16"):
-            src = render(SM80_F16_CONV2D, c, dt)
-            assert "oasr_conv2d_run" in src and "oasr_conv2d_abi_version" in src
-            assert ("conv2d_direct_kernel" in src) == (c.generation == "dc")
-            assert ("DefaultConv2dFprop" in src) == (c.generation == "2x")
+    for lane in (SM90_F16_CONV2D, SM80_F16_CONV2D):
+        for c in lane.space:
+            for dt in ("fp16", "bf16"):
+                src = render(lane, c, dt)
+                assert "oasr_conv2d_run" in src and "oasr_conv2d_abi_version" in src
+                assert ("conv2d_direct_kernel" in src) == (c.generation == "dc")
+                assert ("DefaultConv2dFprop" in src) == (c.generation == "2x")
+                assert ("KernelImplicitTmaWarpSpecializedSm90" in src) == (c.generation == "3x")
     with pytest.raises(ValueError):
-        render(SM80_F16_CONV2D, parse("dw64x32_v8_n128"), "fp16")
+        render(SM90_F16_CONV2D, parse("dw64x32_v8_n128"), "fp16")
 
 
 def test_db_op_signature_and_untuned_rule():
     assert ops.db_op(3, 3, (2, 2)) == "conv2d_k3s2" and ops.db_op(3, 3, (1, 1)) == "conv2d_k3s1"
     assert ops.db_op(5, 5, (2, 2)) == "conv2d" and ops.db_op(3, 3, (2, 1)) == "conv2d"
     assert ops.signature("conv2d_k3s2", 512, 9) == "conv2d_activation|op=conv2d_k3s2|dt=half|N=512|K=9"
-    lane = SM80_F16_CONV2D
+    lane = SM90_F16_CONV2D
     assert ops.untuned_config(lane, 10000, 512, 9, "sm90") == DIRECT_DEFAULT.id
     assert ops.untuned_config(lane, 10000, 512, 36, "sm90") == DIRECT_DEFAULT.id
     assert ops.untuned_config(lane, 10000, 512, 4608, "sm90") == "torch"
@@ -160,9 +166,9 @@ def test_candidates_and_operands():
 
     parts = SimpleNamespace(n=512, k=9)
     ids = [c.id for c in candidates.candidates(parts, "sm90")]
-    assert ids[0] == "torch" and ids[1] == DIRECT_DEFAULT.id and all(i.startswith("dc") for i in ids[1:])
+    assert ids[:3] == ["torch", "fused", DIRECT_DEFAULT.id] and all(i.startswith("dc") for i in ids[2:])
     ids2 = [c.id for c in candidates.candidates(SimpleNamespace(n=512, k=4608), "sm90")]
-    assert ids2[0] == "torch" and len(ids2) > 1 and all(i.startswith("b") for i in ids2[1:])
+    assert ids2[:2] == ["torch", "fused"] and len(ids2) > 2 and all(i[0] in "bt" for i in ids2[2:])
     for op, n, k, m in (("conv2d_k3s2", 16, 9, 500), ("conv2d_k3s2", 16, 72, 77), ("conv2d_k3s1", 8, 72, 40)):
         point = SimpleNamespace(op=op, n=n, k=k, m=m, dtype="fp16")
         o = candidates.operands(point, "cpu", seed=1)
@@ -293,13 +299,14 @@ def test_flatten_permutation_is_the_same_dot_products():
 def test_compiled_frontend_on_cpu_uses_the_ops():
     """The real post-grad graph (torch.compile, backend oasr): two sites, numerics of the compiled module."""
     from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
 
     m = frontend(c=8, d=16)
     x = torch.randn(2, 41, 80, dtype=torch.float16)
     rw.clear_rewrite_log()
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
         torch._dynamo.reset()
-        out = torch.compile(m, backend="oasr", dynamic=False)(x)
+        out = torch.compile(m, backend=oasr_backend, dynamic=False)(x)
         ref = m.double()(x.double())
     (res,) = rw.rewrite_log()
     assert [(s.family, s.op, s.k) for s in res.sites if s.family == "conv2d_activation"] == [
@@ -314,7 +321,9 @@ def test_compiled_frontend_on_cpu_uses_the_ops():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg,dtype,arch", [("dc64x128_v8_n256", "fp16", "90"),
-                                            ("b128x128x64_w64x64x64_s3", "bf16", "90")])
+                                            ("b128x128x64_w64x64x64_s3", "bf16", "90"),
+                                            ("t128x128x64_c2x1_ws", "fp16", "90a"),
+                                            ("t64x256x64_c1x1_ws", "bf16", "90a")])
 def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, dtype, arch):
     from oasr_ops.codegen.jit import JitSpec, nvcc_path
     from oasr_ops.families.conv2d_activation.kernels import load_kernel
@@ -322,9 +331,10 @@ def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, dtype,
     if nvcc_path() is None:
         pytest.skip("nvcc not found")
     monkeypatch.setenv("OASR_JIT_DIR", str(tmp_path))
-    spec = JitSpec(SM80_F16_CONV2D, parse(cfg), dtype, arch)
+    lane = SM90_F16_CONV2D if arch == "90a" else SM80_F16_CONV2D
+    spec = JitSpec(lane, parse(cfg), dtype, arch)
     lib = load_kernel(spec)  # builds, dlopens (no GPU needed), checks both ABI versions
-    assert lib.describe.startswith(f"{cfg}|{dtype}|sm80_f16_conv2d|")
+    assert lib.describe.startswith(f"{cfg}|{dtype}|{lane.name}|")
     first = (16, 1027, 80, 1, 512, 3, 3, 2, 2, 0, 0, 1)
     second = (16, 513, 39, 512, 512, 3, 3, 2, 2, 0, 0, 1)
     direct = cfg.startswith("dc")
@@ -336,3 +346,28 @@ def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, dtype,
     assert lib.workspace_size(*(first if direct else second)) == 0
     assert "error" not in spec.log_path.read_text().lower()
     ctypes.CDLL(str(lib.path)).oasr_conv2d_abi_version()
+
+
+def test_compiled_frontend_with_dynamic_shapes():
+    """Symbolic B and T: the sites bake region tables, the shape queries of the replaced convs move to the ops'
+    views (no convolution left behind for a `sym_size`), numerics at two shapes of one compiled graph."""
+    from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
+
+    m = frontend(c=8, d=16)
+    rw.clear_rewrite_log()
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        torch._dynamo.reset()
+        fn = torch.compile(m, backend=oasr_backend, dynamic=True)
+        for b, t in ((2, 41), (3, 57)):
+            x = torch.randn(b, t, 80, dtype=torch.float16)
+            out = fn(x)
+            ref = m.double()(x.double())
+            m.half()
+            assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
+    log = rw.rewrite_log()
+    assert log
+    for res in log:
+        convs = [s for s in res.sites if s.family == "conv2d_activation"]
+        assert len(convs) == 2 and all(s.m is None and s.m_expr is not None for s in convs)
+        assert not any("conv" in name for name, _ in res.skipped)  # nothing left for the conv1d matcher to skip

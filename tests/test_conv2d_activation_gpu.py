@@ -1,9 +1,9 @@
-"""The conv2d_activation kernels on the GPU: every config of the native lane (direct conv and CUTLASS implicit
-GEMM), fp16/bf16, odd frame counts, strides 1 and 2, padding, bias / no bias, every activation, NaN-poisoned
+"""The conv2d_activation kernels on the GPU: every config of the native lane (direct conv, CUTLASS 2.x and, on
+sm90, 3.x implicit GEMM), fp16/bf16, odd frame counts, strides 1 and 2, padding, bias / no bias, every activation, NaN-poisoned
 outputs, rel err < 1e-2 vs an fp32 reference (TF32 off); the untuned rule; CUDA-graph capture; the compiled
 Conv2dSubsampling frontend (reduce-overhead) and its recorded sites.
 
-Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (10 configs x 2 dtypes) are built
+Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (12 configs x 2 dtypes on sm90) are built
 first, in parallel; with ``OASR_JIT_DIR`` pointing at a prebuilt directory that step only loads them.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 ARCH = current_arch_family()
 LANE = ops.native_lane(ARCH)
 DIRECT = [c.id for c in LANE.space if c.generation == "dc"] if LANE is not None else []
-IGEMM = [c.id for c in LANE.space if c.generation == "2x"] if LANE is not None else []
+IGEMM = [c.id for c in LANE.space if c.generation in ("2x", "3x")] if LANE is not None else []
 DTYPES = [torch.float16, torch.bfloat16]
 ACTS = {"none": lambda y: y, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu}
 
@@ -78,12 +78,13 @@ def check(cfg, cases, dtype):
     for i, (b, h, w, cin, cout, stride, padding, with_bias, act) in enumerate(cases):
         x, wt, bias = make(b, h, w, cin, cout, dtype, seed=i + 17 * h)
         bb = bias if with_bias else None
+        ops.reset_plans()
         y = poisoned_call(x, wt, bb, stride, padding, act, cfg)
+        assert [p.config for p in ops.served()] == [cfg], (cfg, i)  # the kernel, not the torch fallback, served
         r = reference(x, wt, bb, stride, padding, act)
         assert y.shape == r.shape and y.dtype == dtype and y.is_contiguous()
         assert torch.isfinite(y).all(), (cfg, i)
         assert rel_err(y, r) < 1e-2, (cfg, i, rel_err(y, r))
-    assert served_by(cfg)  # the kernel, not the torch fallback, served
 
 
 @pytest.mark.parametrize("cfg", DIRECT)
@@ -106,7 +107,18 @@ def test_every_implicit_gemm_config(cfg, dtype, t):
                 (1, t, 20, 32, 64, (2, 1), (1, 0), True, "gelu")], dtype)
 
 
+def test_misaligned_views_run_the_torch_arm():
+    x, w, b = make(1, 41, 39, 264, 256, torch.float16, 5)
+    xs = x.reshape(-1)[8:].reshape(-1)[: 40 * 39 * 264].view(1, 40, 39, 264)  # an 8-element (16-byte) offset: aligned
+    xo = x.reshape(-1)[1:][: 40 * 39 * 256].view(1, 40, 39, 256)              # a 2-byte offset: misaligned
+    for xi, wi in ((xs, w), (xo, w[:, :, :, :256].contiguous())):
+        for cfg in IGEMM:
+            y = ops.conv2d_activation(xi, wi, b, stride=(2, 2), activation="relu", config=cfg)
+            assert rel_err(y, reference(xi, wi, b, (2, 2), (0, 0), "relu")) < 1e-2, cfg
+
+
 def test_untuned_rule_and_torch_arm():
+    ops.reset_plans()
     x1, w1, b1 = make(2, 101, 80, 1, 256, torch.float16, 1)
     y1 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu")
     assert served_by(LANE.default.id)
@@ -114,12 +126,17 @@ def test_untuned_rule_and_torch_arm():
     y2 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu")
     y3 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="torch")
     assert served_by("torch")
-    for y, (x, w, b) in ((y1, (x1, w1, b1)), (y2, (x2, w2, b2)), (y3, (x2, w2, b2))):
+    y4 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="fused")  # cuDNN's fusion
+    y5 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu", config="fused")
+    assert served_by("fused")
+    for y, (x, w, b) in ((y1, (x1, w1, b1)), (y2, (x2, w2, b2)), (y3, (x2, w2, b2)), (y4, (x2, w2, b2)),
+                         (y5, (x1, w1, b1))):
         assert rel_err(y, reference(x, w, b, (2, 2), (0, 0), "relu")) < 1e-2
 
 
-def test_cuda_graph_capture():
-    direct, igemm = LANE.default.id, IGEMM[0]
+@pytest.mark.parametrize("igemm", [IGEMM[0], IGEMM[-1]] if IGEMM else [])
+def test_cuda_graph_capture(igemm):
+    direct = LANE.default.id
     x, w1, b1 = make(2, 61, 80, 1, 256, torch.float16, 3)
     _, w2, b2 = make(1, 3, 3, 256, 256, torch.float16, 4)
 
@@ -142,6 +159,7 @@ def test_cuda_graph_capture():
 @pytest.mark.parametrize("frames", [7, 1000])
 def test_compiled_frontend(frames):
     from oasr_ops.inductor import rewrite as rw
+    from oasr_ops.inductor.backend import oasr_backend
 
     torch.manual_seed(0)
     m = conformer.Conv2dSubsampling4(80, 256, 256).eval().cuda()
@@ -150,10 +168,11 @@ def test_compiled_frontend(frames):
         ref = m(x)
         mh = m.half()
         rw.clear_rewrite_log()
-        torch._dynamo.reset()
-        fn = torch.compile(mh, backend="oasr", mode="reduce-overhead", dynamic=False)
-        for _ in range(3):
-            out = fn(x.half())
+        torch.compiler.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False):  # the pass runs: its sites are read
+            fn = torch.compile(mh, backend=oasr_backend, mode="reduce-overhead", dynamic=False)
+            for _ in range(3):
+                out = fn(x.half())
     sites = [s for r in rw.rewrite_log() for s in r.sites if s.family == "conv2d_activation"]
     assert [(s.op, s.k, s.activation) for s in sites] == [("conv2d_k3s2", 9, "relu"), ("conv2d_k3s2", 2304, "relu")]
     gemm = [(s.n, s.k) for r in rw.rewrite_log() for s in r.sites if s.family == "gemm"]

@@ -37,7 +37,7 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     assert {s.dtype for s in fp8} == {"fp16", "fp8"}
     assert all(s.config.kernel_schedule != "streamk" for s in fp8 if s.dtype == "fp8")
     # no DB: the conv2d lane's default (direct conv) and coverage basis (a CUTLASS implicit GEMM)
-    assert {(s.lane.name, s.config.generation) for s in conv2d} == {("sm80_f16_conv2d", "dc"), ("sm80_f16_conv2d", "2x")}
+    assert {(s.lane.name, s.config.generation) for s in conv2d} == {("sm90_f16_conv2d", "dc"), ("sm90_f16_conv2d", "3x")}
     assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv) + len(fp8) + len(conv2d)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")

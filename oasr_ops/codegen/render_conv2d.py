@@ -6,7 +6,9 @@ Two generations share one lane (and one C launcher, ``templates/_conv2d_abi.cu.j
   conv), parameterised by the config's tile (positions x channels), vector width and threads;
 * ``b...`` (CUTLASS 2.x multistage) configs -> ``templates/sm80_conv2d_fprop.cu.j2``: CUTLASS's implicit-GEMM
   fprop (``DefaultConv2dFprop``, optimized strided iterators, NHWC/KRSC), bias + activation in its epilogue.
-  No emitter: the template spells the kernel type from the config's threadblock / warp tiles and stages.
+* ``t..._ws`` (CUTLASS 3.x) configs -> ``templates/sm90_conv2d_fprop.cu.j2``: the sm90 implicit-GEMM conv (TMA
+  im2col, wgmma; collective builders), bias + activation as an EVT.
+No emitter: the templates spell the kernel types from the config's tiles, cluster and stages.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ from .templates import ABI_VERSION
 CONV2D_ABI_VERSION = 1
 DIRECT_TEMPLATE = "conv2d_direct.cu.j2"
 FPROP_TEMPLATE = "sm80_conv2d_fprop.cu.j2"
+SM90_FPROP_TEMPLATE = "sm90_conv2d_fprop.cu.j2"
+_SM90_SCHEDULES = {  # config schedule -> (CUTLASS conv kernel schedule, epilogue schedule)
+    "warpspecialized": ("cutlass::conv::KernelImplicitTmaWarpSpecializedSm90", "cutlass::epilogue::TmaWarpSpecialized"),
+}
 _ELEMENT_DIRECT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 _ELEMENT_CUTLASS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 
@@ -40,4 +46,10 @@ def render_conv2d(lane: Lane, config: Config, dtype: str, env) -> str:
         return env.get_template(FPROP_TEMPLATE).render(
             **common, kernel_name=f"cutlass_conv2d_fprop_{config.id}", element=_ELEMENT_CUTLASS[dtype],
             tile=list(config.tile), warp=list(config.warp), stages=config.stages, swizzle=4)
+    if config.generation == "3x" and config.kernel_schedule in _SM90_SCHEDULES:
+        kernel_sched, epi_sched = _SM90_SCHEDULES[config.kernel_schedule]
+        return env.get_template(SM90_FPROP_TEMPLATE).render(
+            **common, kernel_name=f"cutlass3x_conv2d_fprop_{config.id}", element=_ELEMENT_CUTLASS[dtype],
+            tile=list(config.tile), cluster=list(config.cluster[:2]), stages=config.stages,
+            schedule=config.kernel_schedule, kernel_schedule=kernel_sched, epilogue_schedule=epi_sched)
     raise ValueError(f"config {config.id} ({config.generation}) has no conv2d kernel")

@@ -2,7 +2,8 @@
 
 Arms of ``conv2d_activation|op=<conv2d_k3s2|conv2d_k3s1|conv2d>|dt=..|N=<Cout>|K=<Cin*KH*KW>``: ``torch`` (cuDNN
 through F.conv2d on channels_last views + the activation in place: the fallback, so a region names a kernel only
-where it measured faster), then the lane's configs feasible for (N, K): the direct kernel for K <= 196, the
+where it measured faster), ``fused`` (cuDNN's conv + bias + ReLU runtime fusion, `torch.cudnn_convolution_relu`;
+on a CPU the op's reference), then the lane's configs feasible for (N, K): the direct kernel for K <= 196, the
 CUTLASS implicit GEMM for K and N multiples of 8; each gated against the float64 conv at 4x cuDNN's own error.
 
 Operands: a point's M = B * Ho * Wo is measured as one image (B = 1) of the frontend's width on 80 mel bins
@@ -53,9 +54,11 @@ def host_probe() -> tuple[int, int]:
 
 
 def candidates(parts: Any, arch: str) -> list[Candidate]:
-    """torch (cuDNN, the fallback), then the lane's configs feasible for (Cout, K) on `arch`."""
-    return lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
-                           arch)
+    """torch (cuDNN, the fallback), fused (cuDNN's conv + bias + ReLU fusion), then the lane's configs feasible for
+    (Cout, K) on `arch`."""
+    gate = Gate("tolerance", baseline="torch")
+    out = lane_candidates(native_lane(arch, FAMILY), _bind, gate, parts.n, parts.k, arch)
+    return out[:1] + [Candidate("fused", _bind, gate, host="torch")] + out[1:]
 
 
 def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:

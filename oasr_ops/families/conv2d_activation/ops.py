@@ -24,7 +24,8 @@ Conformer-M call on the H200, the output's write-bound floor is ~80 us), ``torch
 until measured (cuDNN's implicit GEMM runs the C -> C conv at ~780 TFLOP/s; the CUTLASS 2.x lane must win a
 measurement before it is served).
 The ``torch`` arm: ``F.conv2d`` on channels_last views (cuDNN's NHWC kernel; no layout conversion) and the
-activation in place.
+activation in place. The ``fused`` sentinel: cuDNN's conv + bias + ReLU fusion (``torch.cudnn_convolution_relu``)
+for ReLU, the torch arm otherwise.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ FAMILY = "conv2d_activation"
 OP = "conv2d_activation"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}  # the launchers' act codes (_epilogue.cuh.j2)
+_ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
 DIRECT_MAX_K = 36  # the untuned rule serves the direct kernel up to 4 input channels under a 3x3 filter
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
@@ -163,6 +165,17 @@ def torch_conv2d(x, w, bias, stride, padding, activation):
     return out if out.is_contiguous() else out.contiguous()
 
 
+def fused_conv2d(x, w, bias, stride, padding, activation):
+    """The ``fused`` sentinel: cuDNN's conv + bias + ReLU fusion (``torch.cudnn_convolution_relu``, channels_last
+    in and out) for ``relu``; the ``torch`` arm for every other activation. Packed NHWC out."""
+    if activation != "relu" or not x.is_cuda:
+        return torch_conv2d(x, w, bias, stride, padding, activation)
+    y = torch.cudnn_convolution_relu(x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2), bias, list(stride), list(padding),
+                                     [1, 1], 1)
+    out = y.permute(0, 2, 3, 1)
+    return out if out.is_contiguous() else out.contiguous()
+
+
 def _cpu(x, w, bias, stride, padding, activation, config):
     check(x, w, bias, stride, padding, activation)
     check_config_arg(config)
@@ -226,6 +239,9 @@ def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: st
         w = w if w.is_contiguous() else w.contiguous()
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
+        if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16:
+            # 16-byte vector / TMA accesses: a view at an odd offset runs the torch arm (the same values)
+            return torch_conv2d(x, w, bias, stride, padding, _ACT_NAMES[act])
         out = x.new_empty(out_shape)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
         rc = run_c(x.data_ptr(), w.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), *shape,
@@ -247,10 +263,11 @@ def _make_plan(config: str, x, w, stride, padding, activation: str, out_shape):
     sig = signature(op, n, k)
     arch = current_arch_family() or "sm80"
 
-    def torch_run(_sentinel):
-        return lambda x, w, bias: torch_conv2d(x, w, bias, stride, padding, activation)
+    def torch_run(sentinel):
+        arm = fused_conv2d if sentinel == "fused" else torch_conv2d
+        return lambda x, w, bias: arm(x, w, bias, stride, padding, activation)
 
-    return make_plan(FAMILY, config, m, n, k, arch, sig,
+    return make_plan(FAMILY, config, m, n, k, arch, sig, keep_sentinel=True,
                      select=lambda: serve_config(FAMILY, op, x.dtype, n, k, m, arch),
                      torch_run=torch_run,
                      kernel_run=lambda cfg: _kernel_run(cfg, x, w, stride, padding, ACTIVATIONS[activation], arch,

@@ -184,6 +184,10 @@ def _rewrite_conv(ctx: RewriteContext, conv: torch.fx.Node) -> torch.fx.Node | N
     y = ins(torch.ops.oasr.conv2d_activation.default, x_nhwc, w_krsc, b, stride, padding, activation, config)
     view = ins(aten.permute.default, y, [0, 3, 1, 2])
     tail.replace_all_uses_with(view)
+    for node in (conv, act_node):  # shape queries of the chain (symbolic shapes) read the same-shaped view
+        for u in list(node.users) if node is not None else ():
+            if is_call(u, *META_OPS):
+                u.replace_input_with(node, view)
     _views_to_reshapes(view)
     _erase_unused(graph, [n for n in (act_node, conv) if n is not None])
     if kind == "view":
