@@ -129,8 +129,11 @@ def test_fp8_guard_hands_the_measured_h200_losers_to_torch():
     # benchmarks/logs/sm90_scaled_mm_fp8_bench.json, the shipped DB before the guard: at M=4096 these tiles lost
     # to torch._scaled_mm (0.72x at N=K=512, 0.93x / 0.91x at N=512 K=256 / 2048; 0.94x at M=16384 N=256
     # K=1024), each between measured points of its region (3552 and 9233 / 10208; 15663 and 24032)
+    # and the held-out Ms where the uncapped guard's tiles measured 0.85-0.93x (between_fp8.json, H200, first run
+    # of benchmarks/db_between_points.py --family scaled_mm_fp8): the capped guard hands them to torch
     entries = _fp8_log_entries()
-    for n, k, m in ((512, 512, 4096), (512, 256, 4096), (512, 2048, 4096), (256, 1024, 16384)):
+    for n, k, m in ((512, 512, 4096), (512, 256, 4096), (512, 2048, 4096), (256, 1024, 16384),
+                    (1024, 4096, 3841), (256, 4864, 16641), (256, 4864, 7041), (1024, 1024, 3841)):
         regions = entries[f"scaled_mm_fp8|op=scaled_mm_fp8|N={n}|K={k}"]["regions"]
         assert served_at(regions, m) == "torch", (n, k, m)
 
@@ -162,3 +165,26 @@ def test_shipped_fp8_db_is_its_log_partitioned_with_the_guard():
     assert set(entries) == set(shipped["entries"])
     for sig, e in entries.items():
         assert shipped["entries"][sig]["regions"] == e["regions"], sig
+
+
+def test_capped_guard_never_predicts_above_the_anchor():
+    # a tile measured 0.996x at M=1280 (10 tiles of period 10: a full wave), the fallback predicted to grow faster
+    # than the tile above it (the ratio falls): uncapped, the guard credits that growth; capped, it cannot
+    table = {1280: {"torch": 9.96, CFG: 10.0}, 2560: {"torch": 12.0, CFG: 10.0}}
+
+    def falling(cid: str, m: int) -> float | None:
+        return 0.9 if m > 1280 else 1.0  # past the anchor the fallback steps up by 11 %, the tile does not
+    regions = [[1280, "torch"], [2560, CFG], [None, "torch"]]
+    loose, _ = guard_regions(regions, table, "torch", falling)
+    capped, _ = guard_regions(regions, table, "torch", falling, cap_at_anchor=True)
+    assert served_at(loose, 1300) == CFG  # 0.996 / 0.9 = 1.107 predicted from the 0.996x anchor
+    assert served_at(capped, 1300) == "torch" and served_at(capped, 2432) == "torch"  # min(0.996, ...) < 1.03
+    assert served_at(capped, 2560) == CFG  # the measured 1.2x win stays
+
+
+def test_only_the_fp8_family_is_capped():
+    from oasr_ops.tune.region_guard import capped_at_anchor
+
+    assert capped_at_anchor("scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=1024")
+    assert not capped_at_anchor("gemm|op=gemm|dt=half|N=1024|K=1024")  # validated uncapped (cost_model.md)
+    assert not capped_at_anchor("not a signature")
