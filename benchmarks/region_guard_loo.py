@@ -1,6 +1,6 @@
 """Leave-one-out check of the wave guard on a build's measurement log, without a GPU.
 
-    python benchmarks/region_guard_loo.py --log benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl [--margin 0.03]
+    python benchmarks/region_guard_loo.py --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl [--margin 0.03]
 
 For every signature and every interior measured M: partition the log without that M (the build's own rules,
 `from_log.partition_logged`, validation points included) once without and once with the wave guard, and look up

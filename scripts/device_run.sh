@@ -35,7 +35,7 @@ STEPS=(
     "build-fp8|rm -f db/sm90/scaled_mm_fp8.json && python3 -m oasr_ops tune build --family scaled_mm_fp8 \$CENSUS --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log \$OUT/fp8_log.jsonl --checkpoint-dir \$OUT/ckpt_fp8 > \$OUT/fp8_build.json && cp db/sm90/scaled_mm_fp8.json \$OUT/scaled_mm_fp8_db.json  (writes db/)"
     "fp8-bench|python3 benchmarks/scaled_mm_fp8.py --out \$OUT/scaled_mm_fp8.json --reps 7"
     "fp8-probe|OASR_CUDA_ARCH_LIST=9.0a python3 benchmarks/scaled_mm_fp8_probe.py --jobs 16 --out \$OUT/fp8_probe.json"
-    "fp8-between|OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl --out \$OUT/between_fp8.json"
+    "fp8-between|OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl --out \$OUT/between_fp8.json"
     "fp8-between-rebuilt|OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log \$OUT/fp8_log.jsonl --out \$OUT/between_fp8_rebuilt.json"
     "scaled-mm|python3 benchmarks/scaled_mm.py --out \$OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7"
     "bmm|python3 benchmarks/bmm.py --out \$OUT/bmm.json --reps 9"
