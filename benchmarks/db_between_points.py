@@ -4,7 +4,7 @@ db/sm90/scaled_mm_fp8.json)
   OASR_TUNE_USER_DB=off python benchmarks/db_between_points.py --log benchmarks/logs/sm90_gemm_build.jsonl \
       --out between.json
   OASR_TUNE_USER_DB=off python benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 \
-      --log benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl --out between_fp8.json
+      --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl --out between_fp8.json
 
 For every signature of the family in the build's log: the Ms the build measured (validation points included) and,
 held out (never measured by the build), the geometric midpoints between consecutive ones and, with ``--dense D``,

@@ -1,10 +1,10 @@
 """Leave-one-out check of the wave guard on a build's measurement log, without a GPU.
 
-    python benchmarks/region_guard_loo.py --log benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl [--margin 0.03]
+    python benchmarks/region_guard_loo.py --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl [--margin 0.03]
 
 For every signature and every interior measured M: partition the log without that M (the build's own rules,
 `from_log.partition_logged`, validation points included) once without and once with the wave guard, and look up
-what each partition serves at the held-out M; its speed vs the fallback there is the logged torch time over the
+what each partition serves at the held-out M (the guard uncapped and capped at the anchor, region_guard's doc); its speed vs the fallback there is the logged torch time over the
 logged time of the served arm (torch itself: 1.0). Reports geomean, min and counts below 0.98x / 0.95x for both,
 and the worst held-out points. A held-out M widens its interval to two measured gaps, so this is harsher than
 the shipped partition's own between-points behaviour; it compares the rules, it does not measure the DB.
@@ -12,17 +12,18 @@ the shipped partition's own between-points behaviour; it compares the rules, it 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 from typing import Any
 
 import oasr_ops  # noqa: F401  (registers the families)
 from oasr_ops.tune import from_log, region_guard
+from oasr_ops.tune.build import BuildOptions
 from oasr_ops.tune.validation import served_at
 
 
-def held_out_speeds(tables: dict, weights: dict, held: dict, arch: str, min_speedup: float) -> list[tuple]:
+def held_out_speeds(tables: dict, weights: dict, held: dict, arch: str, min_speedup: float,
+                    max_loss: float | None) -> list[tuple]:
     out = []
     for sig, table in tables.items():
         for m in sorted(table)[1:-1]:
@@ -30,7 +31,7 @@ def held_out_speeds(tables: dict, weights: dict, held: dict, arch: str, min_spee
             w = {k: v for k, v in weights[sig].items() if k != m}
             h = {"validation": set(held[sig]["validation"]) - {m}, "must_tune": set(held[sig]["must_tune"]) - {m},
                  "l2": held[sig]["l2"]}
-            cfg = served_at(from_log.partition_logged(sig, t, w, h, arch, min_speedup, None)["regions"], m)
+            cfg = served_at(from_log.partition_logged(sig, t, w, h, arch, min_speedup, max_loss)["regions"], m)
             row = table[m]
             if "torch" not in row:
                 continue
@@ -50,21 +51,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", required=True)
     ap.add_argument("--arch", default="sm90")
-    ap.add_argument("--min-speedup", type=float, default=1.05, help="the build's --min-speedup")
+    ap.add_argument("--min-speedup", type=float, default=BuildOptions.min_speedup, help="the build's --min-speedup")
+    ap.add_argument("--max-loss", type=float, default=BuildOptions.max_loss, help="the build's --max-loss")
     ap.add_argument("--margin", type=float, default=region_guard.MARGIN)
     a = ap.parse_args()
     recs = [json.loads(line) for line in open(a.log) if line.strip()]
     tables, weights, held, _ = from_log.log_tables(recs)
-    ratio, guard = from_log.ratio_for_signature, from_log.guard_entry
+    guard = from_log.guard_signature
     out = {}
     try:
-        from_log.ratio_for_signature = lambda sig, arch: None  # the partition alone
-        out["no_guard"] = summary(held_out_speeds(tables, weights, held, a.arch, a.min_speedup))
-        from_log.ratio_for_signature = ratio
-        from_log.guard_entry = functools.partial(guard, margin=a.margin)
-        out[f"guard_margin_{a.margin:g}"] = summary(held_out_speeds(tables, weights, held, a.arch, a.min_speedup))
+        from_log.guard_signature = lambda entry, *_args, **_kw: dict(entry)  # the partition alone
+        out["no_guard"] = summary(held_out_speeds(tables, weights, held, a.arch, a.min_speedup, a.max_loss))
+        for cap in (False, True):
+            def guarded(entry, times, fallback, sig, arch, _cap=cap):
+                return region_guard.guard_entry(entry, times, fallback, region_guard.ratio_for_signature(sig, arch),
+                                                a.margin, _cap)
+            from_log.guard_signature = guarded
+            out[f"guard_margin_{a.margin:g}{'_capped' if cap else ''}"] = summary(
+                held_out_speeds(tables, weights, held, a.arch, a.min_speedup, a.max_loss))
     finally:
-        from_log.ratio_for_signature, from_log.guard_entry = ratio, guard
+        from_log.guard_signature = guard
     print(json.dumps(out, indent=1))
     return 0
 

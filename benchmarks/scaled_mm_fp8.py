@@ -129,6 +129,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="M in {64, 4096}, tiles at 4096 only")
+    ap.add_argument("--prebuild-jobs", type=int, default=0,
+                    help="first build every lane tile's bf16 kernel, this many nvcc at a time (a lazy JIT would "
+                         "build them one at a time inside the timing loop)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         log("needs a CUDA GPU")
@@ -141,6 +144,11 @@ def main() -> int:
 
     lane = native_lane(current_arch_family() or "", "scaled_mm_fp8")
     ids = list(lane.ids()) if lane is not None else []
+    if args.prebuild_jobs and lane is not None:
+        from oasr_ops.codegen.jit import JitSpec, build_many
+
+        specs = [JitSpec.for_kernel(lane, c, "bf16", current_arch_family()) for c in lane.space]
+        log(build_many(specs, jobs=args.prebuild_jobs, progress=False).summary())
     census = args.census or sorted(glob.glob(str(ROOT / "benchmarks" / "census" / "*.json")))
     nks = census_signatures(census)
     ms = [64, 4096] if args.quick else [int(x) for x in args.ms.split(",")]

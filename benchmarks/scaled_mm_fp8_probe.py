@@ -38,7 +38,8 @@ time_graph, n_copies = _smm_bench.time_graph, _smm_bench.n_copies
 
 # The lane's tiles that win at large M today (docs/perf/scaled_mm_fp8.md): the bar for the candidates.
 LANE_REFERENCES = ("t128x256x128_c1x1_coop_fa", "t128x128x128_c2x1_pp_fa", "t128x128x128_c1x1_coop",
-                   "t64x128x128_c1x1_pp_fa")
+                   "t64x128x128_c1x1_pp_fa", "t128x128x128_c1x2_pp_fa", "t128x128x128_c2x1_pp_z8_fa",
+                   "t128x256x128_c1x1_coop_z8_fa")
 MS = (4096, 12000, 16384)
 NKS = ((3072, 768), (768, 3072), (2048, 512), (512, 2048), (4096, 1024), (1024, 4096))
 

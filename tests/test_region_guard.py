@@ -87,7 +87,8 @@ def test_ratio_only_for_modelled_or_wave_guarded_families(sig, modelled):
 
 # ---- the fp8 family (scaled_mm_fp8): guarded through its spec's wave_guard_dtype, not a cost-model tier
 
-FP8_LOG = Path(__file__).resolve().parent.parent / "benchmarks" / "logs" / "sm90_scaled_mm_fp8_build.jsonl"
+LOGS = Path(__file__).resolve().parent.parent / "benchmarks" / "logs"
+FP8_LOG = LOGS / "sm90_scaled_mm_fp8_build_v1.jsonl"  # the first H200 build: the losers below were measured on it
 FP8_TILES = ("t128x256x128_c1x1_coop_fa", "t128x128x128_c2x1_pp_fa", "t64x128x128_c1x1_pp_fa",
              "t64x16x256_c1x1_pp_fa_swab", "t64x64x256_c1x1_pp_swab", "t128x128x128_c1x1_sk_fa",
              "t128x128x128_c1x1_coop")
@@ -119,18 +120,21 @@ def test_swap_ab_structure_is_the_transposed_problem():
     assert all((p - 1) % 16 == 0 for p in probes if p not in (1, 4096))
 
 
-def _fp8_log_entries():
+def _fp8_log_entries(log: Path = FP8_LOG):
     from oasr_ops.tune.build import BuildOptions, entries_from_log
 
-    return entries_from_log(FP8_LOG, BuildOptions(arch="sm90"))[0]
+    return entries_from_log(log, BuildOptions(arch="sm90"))[0]
 
 
 def test_fp8_guard_hands_the_measured_h200_losers_to_torch():
     # benchmarks/logs/sm90_scaled_mm_fp8_bench.json, the shipped DB before the guard: at M=4096 these tiles lost
     # to torch._scaled_mm (0.72x at N=K=512, 0.93x / 0.91x at N=512 K=256 / 2048; 0.94x at M=16384 N=256
     # K=1024), each between measured points of its region (3552 and 9233 / 10208; 15663 and 24032)
+    # and the held-out Ms where the uncapped guard's tiles measured 0.85-0.93x (between_fp8.json, H200, first run
+    # of benchmarks/db_between_points.py --family scaled_mm_fp8): the capped guard hands them to torch
     entries = _fp8_log_entries()
-    for n, k, m in ((512, 512, 4096), (512, 256, 4096), (512, 2048, 4096), (256, 1024, 16384)):
+    for n, k, m in ((512, 512, 4096), (512, 256, 4096), (512, 2048, 4096), (256, 1024, 16384),
+                    (1024, 4096, 3841), (256, 4864, 16641), (256, 4864, 7041), (1024, 1024, 3841)):
         regions = entries[f"scaled_mm_fp8|op=scaled_mm_fp8|N={n}|K={k}"]["regions"]
         assert served_at(regions, m) == "torch", (n, k, m)
 
@@ -153,12 +157,36 @@ def test_fp8_guard_keeps_tiles_where_the_build_measured_them_winning():
 
 
 def test_shipped_fp8_db_is_its_log_partitioned_with_the_guard():
-    """db/sm90/scaled_mm_fp8.json is `oasr tune build --from-log` of its build log under the current rules (a
-    rebuilt DB ships with its log)."""
+    """db/sm90/scaled_mm_fp8.json is `oasr tune build --from-log` of one of the shipped fp8 build logs
+    (benchmarks/logs/sm90_scaled_mm_fp8_build*.jsonl) under the current rules: a rebuilt DB ships with its log."""
     import json
 
-    shipped = json.loads((FP8_LOG.parent.parent.parent / "db" / "sm90" / "scaled_mm_fp8.json").read_text())
-    entries = _fp8_log_entries()
-    assert set(entries) == set(shipped["entries"])
-    for sig, e in entries.items():
-        assert shipped["entries"][sig]["regions"] == e["regions"], sig
+    shipped = json.loads((LOGS.parent.parent / "db" / "sm90" / "scaled_mm_fp8.json").read_text())
+    want = {sig: e["regions"] for sig, e in shipped["entries"].items()}
+    logs = sorted(LOGS.glob("sm90_scaled_mm_fp8_build*.jsonl"))
+    assert logs
+    got = {log.name: {sig: e["regions"] for sig, e in _fp8_log_entries(log).items()} for log in logs}
+    assert any(g == want for g in got.values()), f"no log in {sorted(got)} partitions to the shipped file"
+
+
+def test_capped_guard_never_predicts_above_the_anchor():
+    # a tile measured 0.996x at M=1280 (10 tiles of period 10: a full wave), the fallback predicted to grow faster
+    # than the tile above it (the ratio falls): uncapped, the guard credits that growth; capped, it cannot
+    table = {1280: {"torch": 9.96, CFG: 10.0}, 2560: {"torch": 12.0, CFG: 10.0}}
+
+    def falling(cid: str, m: int) -> float | None:
+        return 0.9 if m > 1280 else 1.0  # past the anchor the fallback steps up by 11 %, the tile does not
+    regions = [[1280, "torch"], [2560, CFG], [None, "torch"]]
+    loose, _ = guard_regions(regions, table, "torch", falling)
+    capped, _ = guard_regions(regions, table, "torch", falling, cap_at_anchor=True)
+    assert served_at(loose, 1300) == CFG  # 0.996 / 0.9 = 1.107 predicted from the 0.996x anchor
+    assert served_at(capped, 1300) == "torch" and served_at(capped, 2432) == "torch"  # min(0.996, ...) < 1.03
+    assert served_at(capped, 2560) == CFG  # the measured 1.2x win stays
+
+
+def test_only_the_fp8_family_is_capped():
+    from oasr_ops.tune.region_guard import capped_at_anchor
+
+    assert capped_at_anchor("scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=1024")
+    assert not capped_at_anchor("gemm|op=gemm|dt=half|N=1024|K=1024")  # validated uncapped (cost_model.md)
+    assert not capped_at_anchor("not a signature")

@@ -82,7 +82,9 @@ def test_summation_order_groups():
     # the non-FastAccum data-parallel K=128 tiles form one group, the FastAccum ones another
     assert set(groups["promote128"]) == {"t64x64x128_c1x1_pp", "t64x128x128_c1x1_pp", "t128x128x128_c1x1_coop",
                                          "t128x128x128_c2x1_pp", BIG}
-    assert set(groups["fast"]) == {"t64x128x128_c1x1_pp_fa", FA, "t128x256x128_c1x1_coop_fa"}
+    assert set(groups["fast"]) == {"t64x128x128_c1x1_pp_fa", FA, "t128x256x128_c1x1_coop_fa",
+                                   "t128x128x128_c1x2_pp_fa", "t128x128x128_c2x1_pp_z8_fa",
+                                   "t128x256x128_c1x1_coop_z8_fa"}  # a swizzle orders tiles, not sums
     assert set(groups["promote256|swab"]) == {"t64x16x256_c1x1_pp_swab", "t64x64x256_c1x1_pp_swab"}
     assert all(len(v) == 1 for k, v in groups.items() if "streamk" in k)  # each Stream-K tile its own order
 
@@ -90,31 +92,31 @@ def test_summation_order_groups():
 def test_candidates_are_not_served_and_join_the_order_groups():
     from oasr_ops.families.scaled_mm_fp8.lanes import SM90_CANDIDATES, sm90_with_candidates
 
-    assert SM90_CANDIDATES and not set(SM90_CANDIDATES) & set(SM90.space)
+    assert not set(SM90_CANDIDATES) & set(SM90.space)
     lane = sm90_with_candidates()
     assert lane.name == SM90.name and lane.space[:len(SM90.space)] == SM90.space
     assert set(lane.space) == set(SM90.space) | set(SM90_CANDIDATES)
     for c in SM90_CANDIDATES:
         assert lane.infeasible_reason(c, n=768, k=3072, arch_family="sm90") is None, c.id
-        # swizzling orders the tiles, never a tile's sums: a swizzled tile is in its unswizzled twin's group
-        assert summation_order(c) == ("fast" if c.fast_accum else f"promote{c.tile[2]}"), c.id
     assert get("scaled_mm_fp8").wave_guard_dtype == "fp8"
 
 
-def test_candidates_render_with_their_swizzle():
+def test_swizzled_tiles_render_their_swizzle():
     from oasr_ops.families.scaled_mm_fp8.lanes import SM90_CANDIDATES, sm90_with_candidates
 
     lane = sm90_with_candidates()
-    for c in SM90_CANDIDATES:
+    swizzled = [c for c in lane.space if c.swizzle != 1]
+    assert swizzled  # the 8192^3 tiles of the lane
+    for c in lane.space:
         src = render(lane, c, "bf16")
-        assert c.id in src and ("FP8FastAccum" in src) == c.fast_accum
-        assert (f"args.scheduler.max_swizzle_size = {c.swizzle};" in src) == (c.swizzle != 1)
-        if not c.fast_accum:  # one promotion per K tile: every 256 elements for the 256-deep candidates
-            assert f"mma_promotion_interval = {c.tile[2] // 32};" in src
-    for c in SM90.space:  # the lane's kernels are unchanged (their JIT cache keys and the DB's impl stamp)
-        assert "max_swizzle_size" not in render(SM90, c, "bf16")
-    with pytest.raises(ValueError, match="not in lane"):
-        render(SM90, SM90_CANDIDATES[0], "bf16")
+        assert (f"args.scheduler.max_swizzle_size = {c.swizzle};" in src) == (c.swizzle != 1), c.id
+        # swizzling orders the tiles, never a tile's sums: a swizzled tile is in its unswizzled twin's group
+        if c.swizzle != 1:
+            twin = parse(c.id.replace(f"_z{c.swizzle}", ""))
+            assert summation_order(c) == summation_order(twin)
+    for c in SM90_CANDIDATES:
+        with pytest.raises(ValueError, match="not in lane"):
+            render(SM90, c, "bf16")
 
 
 @pytest.mark.parametrize("per_token,per_channel", [(True, True), (False, False), (True, False), (False, True)])

@@ -15,7 +15,7 @@ Per signature:
      the family charges host issue cost the objective adds alpha x that cost, alpha = the point's eager fraction;
   4. partition against the family's fallback arm (--min-speedup gate, --max-loss guard), checked at the
      validation points (validation.partition_validated: a region whose config loses there is split or falls
-     back), then the wave guard (region_guard.guard_entry: inside a CUTLASS region, the stretches of M past a
+     back), then the wave guard (region_guard.guard_signature: inside a CUTLASS region, the stretches of M past a
      wave edge of its tile where the cost model's structure predicts the measured win turns into a loss go to
      cuBLAS), and write the entry with evidence and notes through database.publish, with the cost model fitted
      on the log (tune.calibrate.fit; the families it covers) as the file's ``model`` section;
@@ -50,7 +50,7 @@ from .points import Point
 from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
 from .shapes import fill_points
 from .from_log import entries_from_log, model_from_log  # noqa: F401  (entries_from_log: re-exported)
-from .region_guard import guard_entry, ratio_for_signature
+from .region_guard import guard_signature
 from .validation import geometric_midpoints, partition_validated
 
 log = logging.getLogger(__name__)
@@ -367,8 +367,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     shared = None  # the weight copies go before the cache is emptied (the closures hold the cell)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return guard_entry(v.partition.entry(source="aot"), times, fallback_id(cands),
-                       ratio_for_signature(work.signature, arch))
+    return guard_signature(v.partition.entry(source="aot"), times, fallback_id(cands), work.signature, arch)
 
 
 MeasureOne = Any  # (work, points, opts, result) -> DB entry dict

@@ -12,7 +12,7 @@ from typing import Any
 from ..runtime.database import parse_signature
 from .candidates import candidates_for, fallback_id, pseudo_arms
 from .points import Point
-from .region_guard import guard_entry, ratio_for_signature
+from .region_guard import guard_signature
 from .validation import partition_validated
 
 __all__ = ["fit_model", "model_from_log", "log_tables", "partition_logged", "entries_from_log"]
@@ -96,7 +96,7 @@ def partition_logged(sig: str, table: dict[int, dict[str, Any]], weights: dict[i
                             fallback=fb, min_speedup=min_speedup, max_loss=max_loss,
                             starred=sorted(held.get("must_tune", ())),
                             evidence_extra={m: {"_l2": held.get("l2", "cold")} for m in table})
-    return guard_entry(v.partition.entry(source="aot"), table, fb, ratio_for_signature(sig, arch))
+    return guard_signature(v.partition.entry(source="aot"), table, fb, sig, arch)
 
 
 def entries_from_log(log_path: str | Path, opts: Any, fallback: str | None = None

@@ -17,6 +17,14 @@ the Ms where min over the anchors of s(M) >= 1 + MARGIN; the rest go to the fall
 multiples of the tile's M extent (x cluster) and the fallback's time grows with M, so checking each such interval
 at its smallest M checks all of it. Only families whose fallback is ``torch`` (cuBLAS) and whose configs the cost
 model describes are guarded; anything it cannot model is left as partitioned.
+
+Capped at the anchor (``cap_at_anchor``, the families guarded through their spec's ``wave_guard_dtype``: fp8): the
+prediction from an anchor is min(s_a, s(M)), so the guard only takes Ms away, never credits the fallback for
+growing faster than the tile. The smooth fallback curve is the fp16 cuBLAS fit, not fp8's, and cuBLAS steps too
+(N=1024 K=4096: torch._scaled_mm 25.5 us at M=3552, 26.6 us at M=3841, +4.5 % for +8 % M): uncapped, the fp8 guard
+kept a 128x128 tile at M=3841 from a 0.996x anchor and it measured 0.85x on the H200. Leave-one-out on the fp8
+build log (benchmarks/region_guard_loo.py): 8 of 195 held-out points below 0.98x uncapped, 2 capped, geomean
+1.170x -> 1.169x (docs/perf/scaled_mm_fp8.md). The gemm family keeps the uncapped rule it was validated with.
 """
 from __future__ import annotations
 
@@ -30,7 +38,8 @@ from ..runtime import arch_profile, cost_model, registry
 from ..runtime.database import parse_signature
 from .partition import Table, _medians
 
-__all__ = ["MARGIN", "guard_regions", "guard_entry", "structural_ratio", "ratio_for_signature"]
+__all__ = ["MARGIN", "guard_regions", "guard_entry", "guard_signature", "structural_ratio", "ratio_for_signature",
+           "capped_at_anchor"]
 
 #: A predicted win smaller than this is not trusted away from the points it was measured at. Chosen on the
 #: shipped gemm DB's between-points check (benchmarks/logs/sm90_between_points.json): every midpoint measured
@@ -101,11 +110,22 @@ def _merge(regions: list[list[Any]]) -> list[list[Any]]:
     return out
 
 
+def capped_at_anchor(sig: str) -> bool:
+    """Whether the guard caps its prediction at the anchor's measured speedup for this signature (module doc):
+    for a family guarded through ``wave_guard_dtype`` rather than a cost-model tier."""
+    parts = parse_signature(sig)
+    if parts is None:
+        return False
+    spec = registry.get(parts.family)
+    return not spec.modelled and spec.wave_guard_dtype is not None
+
+
 def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str, ratio: RatioFn,
-                  margin: float = MARGIN) -> tuple[list[list[Any]], list[str]]:
+                  margin: float = MARGIN, cap_at_anchor: bool = False) -> tuple[list[list[Any]], list[str]]:
     """The regions with every stretch of M where a region's config is predicted to lose (by the rule above)
     handed to ``fallback``; and one note per region that changed. The catch-all row (``[None, cfg]``) is left as
-    it is: above the largest measured M the build already serves the fallback."""
+    it is: above the largest measured M the build already serves the fallback. ``cap_at_anchor``: a prediction
+    never exceeds the anchor's measured speedup (module doc)."""
     med = _medians(times)
     out: list[list[Any]] = []
     notes: list[str] = []
@@ -134,7 +154,9 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
             # a point measured in this stretch runs the same waves: it alone speaks for it
             near = [a for a in anchors if start <= a <= end] or (
                 [a for a in anchors if a <= start][-1:] + [a for a in anchors if a >= start][:1])
-            preds = [med[a][fallback] / med[a][cfg] * base[a] / r_m for a in near] if r_m else []
+            measured = {a: med[a][fallback] / med[a][cfg] for a in near}
+            preds = [min(measured[a], measured[a] * base[a] / r_m) if cap_at_anchor else measured[a] * base[a] / r_m
+                     for a in near] if r_m else []
             keep = bool(preds) and min(preds) >= 1.0 + margin
             pieces.append([end, cfg if keep else fallback])
             lost += 0 if keep else end - start + 1
@@ -149,9 +171,15 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
 
 
 def guard_entry(entry: Mapping[str, Any], times: Table, fallback: str, ratio: RatioFn | None,
-                margin: float = MARGIN) -> dict[str, Any]:
+                margin: float = MARGIN, cap_at_anchor: bool = False) -> dict[str, Any]:
     """`guard_regions` applied to a partition's DB entry (regions + notes); unchanged without a ratio."""
     if ratio is None or fallback != "torch":
         return dict(entry)
-    regions, notes = guard_regions(entry["regions"], times, fallback, ratio, margin)
+    regions, notes = guard_regions(entry["regions"], times, fallback, ratio, margin, cap_at_anchor)
     return {**entry, "regions": regions, "notes": [*entry.get("notes", []), *notes]}
+
+
+def guard_signature(entry: Mapping[str, Any], times: Table, fallback: str, sig: str, arch: str,
+                    margin: float = MARGIN) -> dict[str, Any]:
+    """`guard_entry` with the signature's family's ratio and cap (what the build and ``--from-log`` run)."""
+    return guard_entry(entry, times, fallback, ratio_for_signature(sig, arch), margin, capped_at_anchor(sig))

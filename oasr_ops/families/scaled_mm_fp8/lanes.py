@@ -77,14 +77,18 @@ def summation_order(c: Config) -> str:
 
 # ---- CUTLASS 3.x TMA warp-specialized fp8 e4m3 GEMM (wgmma e4m3 x e4m3 -> f32), sm90a only.
 # Tile K = 128 (128 bytes, one 128-byte swizzle atom per row), 256 for the swap-AB tiles (vLLM's small-M choice:
-# few K iterations matter most when the whole GEMM is a handful of CTAs). Fourteen configs:
+# few K iterations matter most when the whole GEMM is a handful of CTAs). Seventeen configs:
 # * non-FastAccum data-parallel: 64-row ping-pong 64x64 / 64x128, 128-row 128x128 cooperative, 128x128 2x1-cluster
 #   ping-pong (vLLM's M > 128 tile, with the weight tile multicast over the pair), 128x256 cooperative;
 #   swap-AB 64x16x256 / 64x64x256 ping-pong (vLLM's M <= 64 tiles);
 # * FastAccum data-parallel: 64x128 ping-pong (vLLM's M 65..128 tile), 128x128 2x1 ping-pong, 128x256
 #   cooperative, swap-AB 64x16x256 / 64x64x256;
 # * Stream-K (cooperative + Stream-K scheduler) 128x128, with and without FastAccum: only a measured entry picks
-#   them (they can win at deep K with few output tiles).
+#   them (they can win at deep K with few output tiles);
+# * added after the H200 probe (benchmarks/scaled_mm_fp8_probe.py, docs/perf/scaled_mm_fp8.md): FastAccum 128x128
+#   ping-pong with the cluster along N (1x2: the A tile multicast; best at 8 of 18 ASR shapes with M >= 4096, up
+#   to 1.10x the lane's best tile), the 2x1 one with a swizzle of 8 and 128x256 cooperative with a swizzle of 8
+#   (1260 / 1277 TFLOP/s at 8192^3 against the unswizzled tiles' 1042 / 1178).
 _SM90_IDS = (
     "t64x64x128_c1x1_pp",
     "t64x128x128_c1x1_pp",
@@ -100,32 +104,20 @@ _SM90_IDS = (
     "t64x64x256_c1x1_pp_fa_swab",
     "t128x128x128_c1x1_sk",
     "t128x128x128_c1x1_sk_fa",
+    "t128x128x128_c1x2_pp_fa",
+    "t128x128x128_c2x1_pp_z8_fa",
+    "t128x256x128_c1x1_coop_z8_fa",
 )
 SM90_SPACE = tuple(parse(i) for i in _SM90_IDS)
 
-# Candidates for large M and 8192^3 (issue 14's unmet goals), not in the lane yet: not served, not measured by the
-# build. benchmarks/scaled_mm_fp8_probe.py times them against the lane's best tiles and torch._scaled_mm, and the
-# GPU suite checks them like the lane's tiles; the winners move into _SM90_IDS. Why each:
-# * 128x256 cooperative FastAccum with a 2x1 cluster (the W tile multicast to the pair: CUTLASS example 54's
-#   shape), with and without a swizzle of 8 (8192^3 streams 64 MiB of W per wave order without it: L2 misses);
-# * 256x128 cooperative FastAccum, cluster 1x2 (the A tile, the larger one, multicast), +/- swizzle 8;
-# * 128x128 FastAccum ping-pong with the cluster along N (1x2) and the 2x1 one swizzled; 128x128 cooperative;
-# * full accumulation with a 256-deep K tile: promotion into the fp32 accumulator every 256 elements instead of
-#   every 128 (each promotion waits for every issued wgmma: the 128-deep tiles stall twice as often), a new order
-#   group ``promote256``; cooperative 128x128 keeps both accumulators at 64 registers a thread (the 128x128
-#   ping-pong and 128x256 cooperative promoting tiles hold 2 x 128 and spill: 353 / 435 TFLOP/s at 8192^3).
-_SM90_CANDIDATE_IDS = (
-    "t128x256x128_c2x1_coop_fa",
-    "t128x256x128_c2x1_coop_z8_fa",
-    "t128x256x128_c1x1_coop_z8_fa",
-    "t256x128x128_c1x2_coop_fa",
-    "t256x128x128_c1x2_coop_z8_fa",
-    "t128x128x128_c1x2_pp_fa",
-    "t128x128x128_c2x1_pp_z8_fa",
-    "t128x128x128_c1x1_coop_fa",
-    "t128x128x256_c1x1_coop",
-    "t128x128x256_c2x1_coop",
-)
+# Candidates: configs timed by benchmarks/scaled_mm_fp8_probe.py against the lane's best tiles and torch._scaled_mm
+# and checked by the GPU suite, not in the lane yet (not served, not measured by the build); the winners move into
+# _SM90_IDS. None pending. Tried on the H200 and left out (docs/perf/scaled_mm_fp8.md, "Candidate tiles"):
+# 128x256 cooperative FastAccum cluster 2x1 +/- swizzle 8 (the swizzled one 1268 TFLOP/s at 8192^3, below the
+# 1x1 swizzled tile), 256x128 cooperative FastAccum 1x2 +/- swizzle (<= 1242, never best at ASR shapes), 128x128
+# cooperative FastAccum (never within 2 % of the best), and full accumulation with a 256-deep K tile (promotion
+# every 256 elements: 0.69x the lane's best tile geomean, slower than the 128-deep promoting tile).
+_SM90_CANDIDATE_IDS: tuple[str, ...] = ()
 SM90_CANDIDATES = tuple(parse(i) for i in _SM90_CANDIDATE_IDS)
 SM90_DEFAULT = parse("t128x128x128_c2x1_pp")
 
