@@ -153,12 +153,13 @@ def test_db_op_signature_and_untuned_rule():
     lane = SM90_F16_CONV2D
     assert ops.untuned_config(lane, 10000, 512, 9, "sm90") == DIRECT_DEFAULT.id
     assert ops.untuned_config(lane, 10000, 512, 36, "sm90") == DIRECT_DEFAULT.id
-    assert ops.untuned_config(lane, 10000, 512, 4608, "sm90") == "torch"
-    assert ops.untuned_config(lane, 10000, 12, 9, "sm90") == "torch"  # Cout not a whole number of vectors
+    assert ops.untuned_config(lane, 10000, 512, 4608, "sm90") == "fused"  # measured on the H200
+    assert ops.untuned_config(SM80_F16_CONV2D, 10000, 512, 4608, "sm86") == "torch"  # not measured there
+    assert ops.untuned_config(lane, 10000, 12, 9, "sm90") == "fused"  # Cout not a whole number of vectors
     from oasr_ops.runtime.select import serve_config
 
     assert serve_config("conv2d_activation", "conv2d_k3s2", "fp16", 512, 9, 5000, "sm90").config == DIRECT_DEFAULT.id
-    assert serve_config("conv2d_activation", "conv2d_k3s2", "fp16", 512, 4608, 5000, "sm90").config == "torch"
+    assert serve_config("conv2d_activation", "conv2d_k3s2", "fp16", 512, 4608, 5000, "sm90").config == "fused"
 
 
 def test_candidates_and_operands():

@@ -124,6 +124,7 @@ def test_untuned_rule_and_torch_arm():
     assert served_by(LANE.default.id)
     x2, w2, b2 = make(2, 50, 39, 256, 256, torch.float16, 2)
     y2 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu")
+    assert served_by("fused" if ARCH in ops.FUSED_MEASURED else "torch")
     y3 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="torch")
     assert served_by("torch")
     y4 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu", config="fused")  # cuDNN's fusion

@@ -23,8 +23,8 @@ from ...codegen.render_conv2d import FPROP_TEMPLATE, SM90_FPROP_TEMPLATE
 from ...configs import Lane, parse
 
 _DIRECT = (
-    "dc64x128_v8_n256",   # the lane default: 4 positions x 16-byte vectors per thread
-    "dc128x128_v8_n256",  # 8 positions per thread: fastest at 10 of 12 frontend shapes (first H200 run)
+    "dc128x128_v8_n256",  # the lane default: 8 positions per thread; fastest at all 12 frontend shapes on the H200
+    "dc64x128_v8_n256",   # 4 positions x 16-byte vectors per thread (more CTAs)
     "dc32x256_v8_n256",   # wide channel tiles: Cout 256+, 8 positions per thread
     "dc16x512_v8_n256",   # one CTA covers Cout = 512 (each input patch staged once)
 )
@@ -40,7 +40,7 @@ _IMPLICIT_GEMM_3X = (
     "t64x256x64_c1x1_ws",    # wide N (Cout 256+)
     "t64x128x64_c1x1_ws",    # small tiles: more CTAs for short inputs
 )
-DIRECT_DEFAULT = parse("dc64x128_v8_n256")
+DIRECT_DEFAULT = parse("dc128x128_v8_n256")  # docs/perf/conv.md: 4.6-5.8x cuDNN + its ReLU pass, 12 shapes
 _SM80_ARCHS = ("sm80", "sm86", "sm87", "sm89")
 _SMEM = {"sm80": 163 * 1024, "sm87": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024}
 

@@ -19,10 +19,10 @@ Selection (``config="auto"``): DB family ``conv2d_activation``, signature
 filter geometry K leaves open: ``conv2d_k3s2`` (3x3, stride 2: the subsampling convs), ``conv2d_k3s1`` (3x3,
 stride 1), ``conv2d`` (any other). Padding is not in the key (it only changes the border).
 Untuned (policy ``heuristic``, `untuned_config`): the direct kernel's default for K <= 36 (a few input channels
-under a 3x3 filter, the frontend's first conv: cuDNN's kernel plus a separate ReLU pass there cost 418 us per
-Conformer-M call on the H200, the output's write-bound floor is ~80 us), ``torch`` (cuDNN) for everything else
-until measured (cuDNN's implicit GEMM runs the C -> C conv at ~780 TFLOP/s; the CUTLASS 2.x lane must win a
-measurement before it is served).
+under a 3x3 filter, the frontend's first conv: cuDNN's kernel plus a separate ReLU pass there cost ~410 us per
+Conformer-M call on the H200, the direct kernel 250-265 us); for everything else the ``fused`` arm on sm90 (cuDNN's
+conv + bias + ReLU fusion: measured faster than the plain cuDNN arm, whose bias add and ReLU are two extra passes,
+and than every CUTLASS tile at all 12 frontend shapes) and ``torch`` (cuDNN) on other GPUs until measured.
 The ``torch`` arm: ``F.conv2d`` on channels_last views (cuDNN's NHWC kernel; no layout conversion) and the
 activation in place. The ``fused`` sentinel: cuDNN's conv + bias + ReLU fusion (``torch.cudnn_convolution_relu``)
 for ReLU, the torch arm otherwise.
@@ -128,12 +128,18 @@ def check_config_arg(config: str) -> None:
     _check_config_arg(config, OP, _lane_reason)
 
 
+# Arch families where cuDNN's conv + bias + ReLU fusion (the ``fused`` arm) was measured faster than the plain
+# cuDNN arm and every CUTLASS tile for the C -> C convs (H200: all 12 frontend shapes, docs/perf/conv.md).
+FUSED_MEASURED = frozenset({"sm90"})
+
+
 def untuned_config(lane: Lane, m: int, n: int, k: int, arch: str) -> str:
-    """The ``heuristic`` policy (module docstring): the direct kernel's default for K <= 36 where it is feasible,
-    else ``torch``."""
+    """The ``heuristic`` policy (module docstring): the direct kernel's default for K <= 36 where it is feasible;
+    otherwise ``fused`` (cuDNN conv + bias + ReLU in one call; other activations run the torch arm) where it was
+    measured (`FUSED_MEASURED`), else ``torch``."""
     if k <= DIRECT_MAX_K and lane.infeasible_reason(lane.default, n=n, k=k, arch_family=arch) is None:
         return lane.default.id
-    return "torch"
+    return "fused" if arch in FUSED_MEASURED else "torch"
 
 
 # ----------------------------------------------------------------------------------------------------------
