@@ -492,10 +492,11 @@ def test_rel_pos_conformer_unaligned_stays_on_aten(compile_env):
                                              "bmm N=497 K=64 not multiples of 8",
                                              "bmm N=64 K=249 not multiples of 8"]
     all_sites = rewrite.rewrite_log()[0].sites
-    # the Linear GEMMs are still rewritten (linear_pos too), and the convolution module's depthwise conv is a
-    # conv1d-family site (the family's rewrite handler)
+    # the Linear GEMMs are still rewritten (linear_pos too), the convolution module's depthwise conv is a
+    # conv1d-family site (the family's rewrite handler), the frontend's two convs conv2d_activation sites
     assert len([s for s in all_sites if s.family == "gemm"]) == 10
-    assert [(s.family, s.op) for s in all_sites if s.family != "gemm"] == [("conv1d", "conv1d_btc")]
+    assert sorted((s.family, s.op) for s in all_sites if s.family != "gemm") == [
+        ("conv1d", "conv1d_btc"), ("conv2d_activation", "conv2d_k3s2"), ("conv2d_activation", "conv2d_k3s2")]
 
 
 def test_db_entry_is_baked_into_the_graph(compile_env):
