@@ -113,8 +113,12 @@ def test_act_quant_untuned_answer_is_restricted_to_the_act_tiles(monkeypatch):
     from oasr_ops.families.scaled_mm import act_quant, ops
 
     n, k, m = 2048, 512, 3984
+    shipped = act_quant.ACT_HEURISTIC_TILES
     plain = ops.select_quant_config(n, k, m, "sm90")
+    monkeypatch.setattr(act_quant, "ACT_HEURISTIC_TILES", None)
     assert act_quant.select_act_quant_config(n, k, m, "sm90") == plain  # no restriction: the quantizing op's answer
+    for cid in shipped or ():  # the shipped subset names tiles of the lane
+        assert cid in ops.variants_for(n, k, quant=True, arch="sm90")
     assert plain.tier == "heuristic"  # no measured entry at this signature: the restriction applies
     tiles = tuple(c for c in ops.variants_for(n, k, quant=True, arch="sm90") if c != plain.config)[-2:]
     monkeypatch.setattr(act_quant, "ACT_HEURISTIC_TILES", tiles)
