@@ -223,17 +223,24 @@ _lib.impl("quantize_per_token_calibrated", lambda x, calibrated_scale: _quantize
           "CompositeImplicitAutograd")
 
 
+# The range of out_scale in which the kernels' branch-free division (templates/sm90_scaled_mm.cu.j2, QuantExact)
+# gives the correctly rounded y / out_scale: no intermediate of its Newton / residual steps can over- or underflow.
+OUT_SCALE_RANGE = (2.0 ** -100, 2.0 ** 100)
+
+
 def _check_out_scale_values(out_scale: torch.Tensor) -> None:
-    """ValueError unless every out_scale is finite and > 0 (a NaN or 0 would quantize to garbage or zeros).
+    """ValueError unless every out_scale is finite and > 0 (a NaN or 0 would quantize to garbage or zeros) and
+    within `OUT_SCALE_RANGE` (activation scales are many orders of magnitude inside it).
 
     Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
     torch.compile traces (there the values are not inspectable); eager calls are checked on every device."""
     if out_scale.device.type == "cuda" and (torch.cuda.is_current_stream_capturing()
                                             or torch.compiler.is_compiling()):
         return
-    if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
-        raise ValueError("oasr.scaled_mm_quant: out_scale must be finite and > 0 everywhere, got "
-                         f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
+    lo, hi = OUT_SCALE_RANGE
+    if out_scale.numel() and not bool(((out_scale >= lo) & (out_scale <= hi)).all()):  # NaN compares False
+        raise ValueError("oasr.scaled_mm_quant: out_scale must be finite and > 0 everywhere, within [2^-100, 2^100], "
+                         f"got {out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
 
 
 def _scaled_mm_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
