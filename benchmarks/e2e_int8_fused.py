@@ -99,6 +99,9 @@ def main() -> int:
                         "quantization left to Inductor, which fuses it with the LayerNorm and the residual add)")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
+    p.add_argument("--profile-variants", default=None,
+                   help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
+                        "plus fp16 with --profile-fp16)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -191,16 +194,16 @@ def main() -> int:
     if a.profile and cuda:
         from e2e_conformer import profile
 
-        # int8-fused only: the "before" profiles (fp16 oasr, unfused int8) are benchmarks/logs/
-        # sm90_e2e_conformer_M_int8_profile.json (`device_run.sh e2e-profile`); --profile-fp16 adds fp16 inductor.
-        # the variants' own fusion options (the pass is opt-in: without them the profile would be of unfused int8)
-        res["profile"] = {"int8-fused": profile(qmodel, "oasr+int8", x[0], a.profile, False,
-                                                variants["int8-fused"][2])}
-        if "int8-fused-act" in variants:
-            res["profile"]["int8-fused-act"] = profile(variants["int8-fused-act"][0], "oasr+int8", x[0], a.profile,
-                                                       False, variants["int8-fused-act"][2])
-        if a.profile_fp16:
-            res["profile"]["fp16"] = profile(variants["fp16"][0], "inductor", x[0], a.profile, False)
+        # the "before" profiles (fp16 oasr, unfused int8) are benchmarks/logs/sm90_e2e_conformer_M_int8_profile.json
+        # (`device_run.sh e2e-profile`). Each variant is compiled with its own fusion options (the pass is opt-in:
+        # without them the profile would be of unfused int8).
+        names = (a.profile_variants.split(",") if a.profile_variants else
+                 [n for n in variants if n != "fp16"] + (["fp16"] if a.profile_fp16 else []))
+        res["profile"] = {}
+        for n in names:
+            m, backend, opts = variants[n]
+            res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
+                                 profile(m, "oasr+int8", x[0], a.profile, False, opts))
     res["tuning_report"] = oasr_ops.tuning_report(print_=False)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)
