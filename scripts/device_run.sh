@@ -56,6 +56,7 @@ STEPS=(
     "matrix|python3 benchmarks/matrix_run.py --out \$OUT/matrix \$CENSUS --max-points 8 --max-fill 2 --rounds 3 --budget-s 480"
     "e2e-profile|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends oasr,oasr+int8 --quantization int8_w8a8 --profile 3 --out \$OUT/e2e_int8_profile.json"
     "quant-fusion-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_quant_fusion_gpu.py"
+    "quant-exact-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_quant_exact_gpu.py"
     "scaled-mm-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_gpu.py"
     "act-quant-bench|python3 benchmarks/act_quant_gemm.py --jobs 16 --reps 15 --out \$OUT/act_quant_gemm.json"
     "lnq-bench|python3 benchmarks/layer_norm_quant.py --widths 256,512,768,1024 --iters 50 --out \$OUT/layer_norm_quant.json"
