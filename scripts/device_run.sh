@@ -60,9 +60,9 @@ STEPS=(
     "scaled-mm-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_gpu.py"
     "act-quant-bench|python3 benchmarks/act_quant_gemm.py --jobs 16 --reps 15 --out \$OUT/act_quant_gemm.json"
     "lnq-bench|python3 benchmarks/layer_norm_quant.py --widths 256,512,768,1024 --iters 50 --out \$OUT/layer_norm_quant.json"
-    "e2e-int8-fused|python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts silu --lnq auto --int8-fp16 && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 3 --iters 20 --with-act-only --profile 3 --profile-variants int8-fused-act,fp16 --out \$OUT/e2e_int8_fused_conformer_M.json"
+    "e2e-int8-fused|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts silu --lnq auto --int8-fp16 && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 3 --iters 20 --with-act-only --profile 3 --profile-variants int8-fused-act,fp16 --out \$OUT/e2e_int8_fused_conformer_M.json"
     "pass-graph|for a in '--dtype fp16' '--dtype bf16' '--dtype fp16 --masked --frames 7' '--what frontend --width 512 --frames 1000'; do python3 benchmarks/pass_graph_dump.py \$a --out \$OUT/pass_graph || true; done"
-    "e2e-whisper-int8|python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --with-act-only --out \$OUT/e2e_int8_fused_whisper_small.json"
+    "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --with-act-only --out \$OUT/e2e_int8_fused_whisper_small.json"
 )
 
 list_steps() {
