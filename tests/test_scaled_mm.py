@@ -614,3 +614,19 @@ def test_quantize_filter_fn_selects_layers_by_fqn():
     assert isinstance(model[2][0], QuantLinear) and isinstance(model[2][1], QuantLinear)
     x = torch.randn(5, 32)
     assert model(x).shape == (5, 32)
+
+
+def test_out_scale_check_reads_a_checked_tensor_again_only_after_it_changes():
+    a, w, sa, sw = _inputs(16, 32, 64)
+    s = torch.tensor([0.05])
+    oasr_ops.scaled_mm_quant(a, w, sa, sw, s)  # checked once, remembered
+    s.zero_()  # in place: the version counter moves, so the next call reads the values again
+    with pytest.raises(ValueError, match="finite and > 0"):
+        oasr_ops.scaled_mm_quant(a, w, sa, sw, s)
+    s.fill_(0.05)
+    oasr_ops.scaled_mm_quant(a, w, sa, sw, s)
+    with torch.inference_mode():  # no version counter: checked on every call
+        bad = torch.tensor([float("nan")])
+        for _ in range(2):
+            with pytest.raises(ValueError, match="finite and > 0"):
+                oasr_ops.scaled_mm_quant(a, w, sa, sw, bad)
