@@ -49,8 +49,9 @@ def test_quant_division_at_rounding_boundaries(cfg, s):
     base = torch.arange(-130, 130, 0.5, dtype=torch.float64)  # 520 values: saturates at both ends
     n, m, k = 4 * base.numel(), 17, 16  # 2080, a multiple of 16
     y = (base * s).float()
-    y = torch.cat([y, torch.nextafter(y, y + 1), torch.nextafter(y, y - 1),
-                   torch.nextafter(torch.nextafter(y, y + 1), y + 1)]).cuda().contiguous()
+    up, down = torch.full_like(y, float("inf")), torch.full_like(y, -float("inf"))
+    y = torch.cat([y, torch.nextafter(y, up), torch.nextafter(y, down),
+                   torch.nextafter(torch.nextafter(y, up), up)]).cuda().contiguous()
     a = torch.ones(m, k, dtype=torch.int8, device="cuda")
     w = torch.zeros(n, k, dtype=torch.int8, device="cuda")
     sa, sw = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
