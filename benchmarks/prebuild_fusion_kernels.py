@@ -6,7 +6,9 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
 * `layer_norm_quant`: every config, fp16 and bf16 (`--lnq all`, the GPU tests), or only the configs
   `AUTO_BY_WIDTH` serves at the encoders' widths, fp16 (`--lnq auto`, the e2e runs);
 * with `--int8-fp16`: the fp16-output variant of every int8 tile (the int8 layers that are not fused, and the
-  calibration's eager forward, resolve to any of them through the DB).
+  calibration's eager forward, resolve to any of them through the DB);
+* with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
+  --family F --dtypes fp16`), in the same parallel build.
 
   OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
@@ -36,6 +38,9 @@ def main() -> int:
     p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
     p.add_argument("--lnq", choices=("all", "auto"), default="all")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
+    p.add_argument("--production", default="",
+                   help="also these families' production sets, fp16 (comma-separated, e.g. conv1d,conv2d_activation: "
+                        "the other oasr kernels the e2e graph loads); a family this checkout lacks is skipped")
     a = p.parse_args()
     if a.lnq == "all":
         specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
@@ -50,6 +55,14 @@ def main() -> int:
     specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids) for act in acts]
     if a.int8_fp16:
         specs += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in lane.space]
+    for fam in (f for f in a.production.split(",") if f):
+        try:
+            prebuild = registry.get(fam).handler("prebuild_specs")
+        except ValueError:
+            print(f"no family {fam!r} here: skipped", flush=True)
+            continue
+        if prebuild is not None:
+            specs += prebuild("sm90", dtypes=("fp16",))
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)
     print(report.summary())
