@@ -83,6 +83,27 @@ def latency_ms(fn, x, iters: int) -> float:
     return statistics.median(ts)
 
 
+def call_overheads_ms(fn, x, iters: int) -> tuple[float, float]:
+    """(host ms per call, pipelined ms per call). The latency above counts the host work before the launch (Dynamo's
+    guards, the CUDA-graph tree's input checks: they grow with the number of parameter / buffer inputs) as GPU idle
+    time; here the host time of one call (no sync inside it) and the time per call of `iters` calls back to back
+    (the host work of a call overlaps the GPU work of the previous one) separate the two."""
+    host = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*x)
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn(*x)
+    e.record()
+    e.synchronize()
+    return statistics.median(host), s.elapsed_time(e) / iters
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -94,8 +115,18 @@ def main() -> int:
     p.add_argument("--calib-batches", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--with-unfused", action="store_true", help="also time int8-all (every layer, no fusion)")
+    p.add_argument("--with-layout-opt", action="store_true",
+                   help="also time int8-fused-act-lo: int8-fused-act with Inductor's layout optimization forced on "
+                        "(oasr serves the depthwise convs, so Inductor sees 2 convolutions in a ~1000-node graph and "
+                        "turns channels-last off; cuDNN then transposes the frontend's conv2d tensors)")
+    p.add_argument("--with-act-only", action="store_true",
+                   help="also time int8-fused-act: the same int8 layers, only GEMM+activation fused (the LayerNorms' "
+                        "quantization left to Inductor, which fuses it with the LayerNorm and the residual add)")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
+    p.add_argument("--profile-variants", default=None,
+                   help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
+                        "plus fp16 with --profile-fp16)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -134,6 +165,11 @@ def main() -> int:
           flush=True)
     variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
                 "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True})}
+    if a.with_act_only:
+        variants["int8-fused-act"] = (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": "act"})
+    if a.with_layout_opt:
+        variants["int8-fused-act-lo"] = (copy.deepcopy(qmodel), oasr_backend,
+                                         {"fuse_quantization": "act", "force_layout_optimization": True})
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
@@ -171,23 +207,39 @@ def main() -> int:
             order = list(fns) if r % 2 == 0 else list(fns)[::-1]
             for name in order:
                 res["round_ms"][name].append(latency_ms(fns[name], x, a.iters))
-            print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms" for n in fns), flush=True)
+                host, piped = call_overheads_ms(fns[name], x, a.iters)
+                res.setdefault("host_call_ms", {}).setdefault(name, []).append(host)
+                res.setdefault("pipelined_ms", {}).setdefault(name, []).append(piped)
+            print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms (host {res['host_call_ms'][n][-1]:.3f},"
+                                             f" pipelined {res['pipelined_ms'][n][-1]:.3f})" for n in fns), flush=True)
     if cuda:
         summary = {}
         for n, ts in res["round_ms"].items():
             med = statistics.median(ts)
-            summary[n] = {"median_ms": med, "spread_pct": 100 * (max(ts) - min(ts)) / med}
+            summary[n] = {"median_ms": med, "spread_pct": 100 * (max(ts) - min(ts)) / med,
+                          "host_call_ms": statistics.median(res["host_call_ms"][n]),
+                          "pipelined_ms": statistics.median(res["pipelined_ms"][n])}
         summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
+        for n in fns:
+            if n not in ("fp16", "int8-fused"):
+                summary[f"fp16_over_{n}"] = summary["fp16"]["median_ms"] / summary[n]["median_ms"]
+            if n != "fp16":
+                summary[f"fp16_over_{n}_pipelined"] = summary["fp16"]["pipelined_ms"] / summary[n]["pipelined_ms"]
         res["summary"] = summary
         print(json.dumps(summary, indent=1), flush=True)
     if a.profile and cuda:
         from e2e_conformer import profile
 
-        # int8-fused only: the "before" profiles (fp16 oasr, unfused int8) are benchmarks/logs/
-        # sm90_e2e_conformer_M_int8_profile.json (`device_run.sh e2e-profile`); --profile-fp16 adds fp16 inductor.
-        res["profile"] = {"int8-fused": profile(qmodel, "oasr+int8", x[0], a.profile, False)}
-        if a.profile_fp16:
-            res["profile"]["fp16"] = profile(variants["fp16"][0], "inductor", x[0], a.profile, False)
+        # the "before" profiles (fp16 oasr, unfused int8) are benchmarks/logs/sm90_e2e_conformer_M_int8_profile.json
+        # (`device_run.sh e2e-profile`). Each variant is compiled with its own fusion options (the pass is opt-in:
+        # without them the profile would be of unfused int8).
+        names = (a.profile_variants.split(",") if a.profile_variants else
+                 [n for n in variants if n != "fp16"] + (["fp16"] if a.profile_fp16 else []))
+        res["profile"] = {}
+        for n in names:
+            m, backend, opts = variants[n]
+            res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
+                                 profile(m, "oasr+int8", x[0], a.profile, False, opts))
     res["tuning_report"] = oasr_ops.tuning_report(print_=False)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

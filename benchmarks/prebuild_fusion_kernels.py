@@ -1,9 +1,16 @@
 """Prebuild the fused-quantization kernels the GPU steps load (issue 15), which `oasr tune prebuild` does not plan
-yet: every `layer_norm_quant` config (fp16/bf16, int8) and the `int8_gelu` / `int8_silu` epilogue variants of
-the int8 tiles the e2e models resolve to on sm90 (lane default, the heuristic's tiles at the Conformer M and
-Whisper-small FFN shapes).
+yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel serially on first use:
 
-  OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16]
+* the `int8_gelu` / `int8_silu` epilogue variants (`--acts`) of the tiles the act-quant sites resolve to on sm90
+  (`act_quant.select_act_quant_config` at the Conformer M and Whisper-small FFN shapes) plus the lane default;
+* `layer_norm_quant`: every config, fp16 and bf16 (`--lnq all`, the GPU tests), or only the configs
+  `AUTO_BY_WIDTH` serves at the encoders' widths, fp16 (`--lnq auto`, the e2e runs);
+* with `--int8-fp16`: the fp16-output variant of every int8 tile (the int8 layers that are not fused, and the
+  calibration's eager forward, resolve to any of them through the DB);
+* with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
+  --family F --dtypes fp16`), in the same parallel build.
+
+  OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
 from __future__ import annotations
 
@@ -16,22 +23,46 @@ import oasr_ops  # noqa: F401  (registers the families)
 from oasr_ops.codegen.jit import JitSpec, build_many
 from oasr_ops.codegen.render_layer_norm_quant import THREADS_PER_ROW, VECS, LnqConfig
 from oasr_ops.families.layer_norm_quant.kernels import spec_for
-from oasr_ops.runtime import registry, select
+from oasr_ops.families.layer_norm_quant.ops import auto_config
+from oasr_ops.families.scaled_mm.act_quant import select_act_quant_config
+from oasr_ops.runtime import registry
+
+# (N, K, M) of the FFN fc1 sites: Conformer M at B=16 x 10 s, Whisper small at B=8
+ACT_SITES = ((2048, 512, 3984), (3072, 768, 12000))
+LNQ_WIDTHS = (256, 512, 768, 1024)
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
+    p.add_argument("--lnq", choices=("all", "auto"), default="all")
+    p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
+    p.add_argument("--production", default="",
+                   help="also these families' production sets, fp16 (comma-separated, e.g. conv1d,conv2d_activation: "
+                        "the other oasr kernels the e2e graph loads); a family this checkout lacks is skipped")
     a = p.parse_args()
-    specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
-             for t, v in itertools.product(THREADS_PER_ROW, VECS) for dt in (torch.float16, torch.bfloat16)]
+    if a.lnq == "all":
+        specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
+                 for t, v in itertools.product(THREADS_PER_ROW, VECS) for dt in (torch.float16, torch.bfloat16)]
+    else:
+        configs = {auto_config(n) for n in LNQ_WIDTHS} - {None}
+        specs = [spec_for(c, torch.float16, "int8", "90a") for c in sorted(configs, key=lambda c: c.id)]
     lane = registry.native_lane("sm90", "scaled_mm")
-    ids = {lane.default.id}
-    for n, k, m in ((2048, 512, 3984), (3072, 768, 12000)):  # Conformer M fc1 at B=16 x 10 s; Whisper small, B=8
-        ids.add(select.serve_config("scaled_mm", "scaled_mm_quant", "int8", n, k, m, "sm90").config)
+    ids = {lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES}
     ids = {c for c in ids if c in lane.ids()}
-    specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids)
-              for act in ("gelu", "silu")]
+    acts = [s for s in a.acts.split(",") if s]
+    specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids) for act in acts]
+    if a.int8_fp16:
+        specs += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in lane.space]
+    for fam in (f for f in a.production.split(",") if f):
+        try:
+            prebuild = registry.get(fam).handler("prebuild_specs")
+        except ValueError:
+            print(f"no family {fam!r} here: skipped", flush=True)
+            continue
+        if prebuild is not None:
+            specs += prebuild("sm90", dtypes=("fp16",))
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)
     print(report.summary())

@@ -81,10 +81,10 @@ def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane
         assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
         # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure;
         # the sm90 activation variants quantize with the approximate reciprocal (QuantFast, one step of tolerance
-        # like the activation), the plain int8 variant keeps the exact division
+        # like the activation), the plain int8 variant with the exact branch-free division (QuantExact)
         if lane.name == "sm90_int8_wgmma":
-            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantRn, ElementD" in plain
-            assert "QuantFast" not in plain
+            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantExact, ElementD" in plain
+            assert "QuantFast" not in plain and "QuantExact" not in src
         else:
             assert src.count("QuantRn") == plain.count("QuantRn")
     with pytest.raises(ValueError, match="not supported"):
@@ -113,8 +113,12 @@ def test_act_quant_untuned_answer_is_restricted_to_the_act_tiles(monkeypatch):
     from oasr_ops.families.scaled_mm import act_quant, ops
 
     n, k, m = 2048, 512, 3984
+    shipped = act_quant.ACT_HEURISTIC_TILES
     plain = ops.select_quant_config(n, k, m, "sm90")
+    monkeypatch.setattr(act_quant, "ACT_HEURISTIC_TILES", None)
     assert act_quant.select_act_quant_config(n, k, m, "sm90") == plain  # no restriction: the quantizing op's answer
+    for cid in shipped or ():  # the shipped subset names tiles of the lane
+        assert cid in ops.variants_for(n, k, quant=True, arch="sm90")
     assert plain.tier == "heuristic"  # no measured entry at this signature: the restriction applies
     tiles = tuple(c for c in ops.variants_for(n, k, quant=True, arch="sm90") if c != plain.config)[-2:]
     monkeypatch.setattr(act_quant, "ACT_HEURISTIC_TILES", tiles)

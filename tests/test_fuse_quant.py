@@ -198,3 +198,27 @@ def test_calibration_round_trips_through_the_state_dict():
     assert torch.equal(fresh.fc2.input_scale, q.fc2.input_scale) and "calibrated=True" in repr(fresh.fc2)
     with pytest.raises(ValueError, match="no batches"):
         oasr_ops.calibrate(q, [])
+
+
+def test_fuse_quantization_act_only_leaves_the_layer_norm_to_inductor():
+    torch.manual_seed(0)
+    model = Block(act=nn.SiLU).to(torch.float16).eval()
+    x = torch.randn(2, 33, 64, dtype=torch.float16)
+    oasr_ops.calibrate(model, [x])
+    out, graph = _compile(model, x, quantization="int8_w8a8", fuse_quantization="act")
+    assert not _calls(graph, OPS.layer_norm_quant)
+    aq, = _calls(graph, OPS.scaled_mm_act_quant)
+    assert aq.args[6] == "silu"
+    rep = fuse_quant.fuse_log()[-1]
+    assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (0, 1, [])
+    # the LayerNorm's quantization is still in the graph, decomposed for Inductor to fuse with the LayerNorm
+    assert any(n.op == "call_function" and n.target is torch.ops.aten.amax.default for n in graph.nodes)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).float()(x.float())
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 5e-2
+
+
+def test_fuse_quantization_rejects_an_unknown_value():
+    q = oasr_ops.quantize_(Block().half().eval(), "int8_w8a8")
+    with pytest.raises(Exception, match="fuse_quantization"):
+        _compile(q, torch.randn(2, 5, 64, dtype=torch.float16), fuse_quantization="layernorm")

@@ -106,7 +106,7 @@ def test_auto_config_by_width_and_ids_round_trip():
     assert [c.id for c in SPACE] == [parse_lnq(c.id).id for c in SPACE] and len(SPACE) == 8
     for width, cid in AUTO_BY_WIDTH:
         assert auto_config(width).id == cid and parse_lnq(cid).max_width >= width
-    assert auto_config(144).id == "lnq_r32_v8" and auto_config(768).id == "lnq_r128_v8"
+    assert auto_config(144).id == "lnq_r32_v8" and auto_config(1280).id == "lnq_r64_v8"
     assert auto_config(AUTO_BY_WIDTH[-1][0] + 1) is None  # wider rows: the reference serves them
 
 

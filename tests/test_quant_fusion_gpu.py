@@ -197,7 +197,8 @@ def test_fused_block_compiled_with_cuda_graphs():
     torch.compiler.reset()
     from oasr_ops.inductor.backend import oasr_backend
 
-    fn = torch.compile(q, backend=oasr_backend, mode="reduce-overhead", options={"fuse_quantization": True})
+    # torch.compile refuses mode= together with options=: the backend reads the mode from its options
+    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead", "fuse_quantization": True})
     with torch.no_grad():
         for _ in range(3):
             out = fn(x.half())

@@ -20,7 +20,8 @@ non-default):
 * ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`). Then, for every int8
   graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
-  calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}`` (off by default until it pays: docs/perf/e2e.md).
+  calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}`` (off by default until it pays: docs/perf/e2e.md);
+  ``"act"`` fuses only GEMM -> activation -> quantization and leaves the LayerNorms' quantization to Inductor.
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
@@ -64,10 +65,14 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         quantize_graph(gm, example_inputs, quantization)
     # Opt-in: measured on the H200 the fused int8 Conformer M ran 0.69x of fp16 Inductor, slower than unfused int8
     # (the activation-quantizing epilogue runs ~7x slow; docs/perf/e2e.md), so it stays off until that is fixed.
-    if opts.pop("fuse_quantization", False):  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
+    fuse = opts.pop("fuse_quantization", False)  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
+    if fuse not in (False, None, True, "act"):
+        raise ValueError(f"options['fuse_quantization'] must be True (LayerNorms and GEMM+activation), 'act' (only "
+                         f"GEMM+activation; LayerNorm quantization left to Inductor) or False, got {fuse!r}")
+    if fuse:
         from .fuse_quant import fuse_quantization
 
-        fuse_quantization(gm)
+        fuse_quantization(gm, layer_norms=fuse is True)
     tuning = opts.pop("tuning", None)
     if tuning is not None:
         from ..tune.config import TuningConfig

@@ -129,8 +129,11 @@ def fuse_log() -> list[FuseReport]:
     return list(_LOG)
 
 
-def fuse_quantization(gm: torch.fx.GraphModule) -> FuseReport:
-    """Apply both rewrites to `gm` in place (module docstring); returns what was fused."""
+def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> FuseReport:
+    """Apply both rewrites to `gm` in place (module docstring); returns what was fused. `layer_norms=False`: only
+    the GEMM -> activation -> quantize rewrite; a LayerNorm's quantization stays for Inductor, which fuses it into
+    one kernel with the LayerNorm and the residual add before it (`oasr.layer_norm_quant`, an opaque op, ends
+    that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md)."""
     rep = FuseReport()
     _LOG.append(rep)
     del _LOG[:-64]
@@ -138,11 +141,15 @@ def fuse_quantization(gm: torch.fx.GraphModule) -> FuseReport:
     if not quants:
         return rep
     _fuse_act_quant(gm, quants, rep)
-    _fuse_layer_norms(gm, quants, rep)
+    if layer_norms:
+        _fuse_layer_norms(gm, quants, rep)
     gm.graph.eliminate_dead_code()
     left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _QUANT | _QUANT_CAL]
     for n in left:
-        rep.unfused.append(f"{n.name}: producer {getattr(through_views(n.args[0]), 'name', '?')} is not a "
+        producer = through_views(n.args[0])
+        if not layer_norms and _layer_norm_args(producer) is not None:
+            continue  # left to Inductor on purpose
+        rep.unfused.append(f"{n.name}: producer {getattr(producer, 'name', '?')} is not a "
                            "LayerNorm, nor a GEMM + GELU/SiLU with a calibrated scale")
     gm.graph.lint()
     gm.recompile()

@@ -34,9 +34,12 @@ _lib.define("layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps,
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _QMAX = {"int8": 127.0}
 _QDTYPE = {"int8": torch.int8}
-# Width -> config before the H200 sweep (benchmarks/layer_norm_quant.py measures every config per width and
-# prints the winners; numbers pending). One CTA of 128 threads covers 4 rows of <= 256, 2 of <= 512, 1 of <= 1024.
-AUTO_BY_WIDTH = ((256, "lnq_r32_v8"), (512, "lnq_r64_v8"), (1024, "lnq_r128_v8"), (8192, "lnq_r256_v8"))
+# Width -> config, measured on the H200 (device step lnq-bench, benchmarks/logs/sm90_layer_norm_quant.json; CUDA
+# graphs of 20 calls, fp16, M = 4000 and 16000): one warp per row (lnq_r32_v8) was the fastest or within 5 % at
+# every measured width, 256..1024 (N=512, M=4000: 4.8 us; r64_v8 5.5, r128_v8 7.4, r256_v8 12.3). Wider rows than
+# one warp holds (32 x 8 x 4 = 1024) were not measured: two warps per row up to 2048 (the same trend), then the
+# 256-thread mapping.
+AUTO_BY_WIDTH = ((1024, "lnq_r32_v8"), (2048, "lnq_r64_v8"), (8192, "lnq_r256_v8"))
 _warn_once = WarnOnce()
 
 

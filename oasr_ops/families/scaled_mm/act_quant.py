@@ -69,11 +69,17 @@ def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
 
 
 # The activation epilogue (an exp and a reciprocal per element for SiLU; a polynomial erf and an exp for GELU) costs
-# more than the fp16 epilogue the int8 wave model was fitted on (heuristic.py), and only a ping-pong tile overlaps
-# it with the other warpgroup's mainloop. Where no measured entry exists for the signature, the untuned answer is
-# the wave model's argmin among these tiles (None: among all of them, as for `scaled_mm_quant`). Measured per tile
-# by benchmarks/act_quant_gemm.py (device step act-quant-bench).
-ACT_HEURISTIC_TILES: tuple[str, ...] | None = None
+# more than the fp16 epilogue the int8 wave model was fitted on (heuristic.py). Where no measured entry exists for
+# the signature, the untuned answer is the wave model's argmin among these tiles. Measured on the H200
+# (benchmarks/act_quant_gemm.py, device step act-quant-bench, benchmarks/logs/sm90_act_quant_gemm.json): the
+# 2x1-cluster ping-pong tile, which the model picks at large M, lost with the activation epilogue (Whisper-small
+# fc1, M=12000 3072x768 GELU: 110.1 us vs 92.0 for t128x256x128_c1x1_coop, which the model picks without it);
+# without it the model's pick was the measured best act-quant tile at all four points (Conformer M fc1/fc2 shapes
+# with SiLU, Whisper-small fc1/fc2 shapes with GELU). Four points: a small basis; a measured DB entry overrides it.
+ACT_HEURISTIC_TILES: tuple[str, ...] | None = (
+    "t64x64x128_c1x1_pp", "t64x128x128_c1x1_pp", "t64x256x128_c1x1_pp",
+    "t128x64x128_c1x1_coop", "t128x128x128_c1x1_coop", "t128x256x128_c1x1_coop",
+)
 
 
 def select_act_quant_config(n: int, k: int, m: int, arch: str | None = None) -> _select.Selection:
