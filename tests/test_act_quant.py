@@ -81,10 +81,10 @@ def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane
         assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
         # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure;
         # the sm90 activation variants quantize with the approximate reciprocal (QuantFast, one step of tolerance
-        # like the activation), the plain int8 variant with the exact branch-free division (QuantExact)
+        # like the activation), the plain int8 variant keeps the exact division
         if lane.name == "sm90_int8_wgmma":
-            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantExact, ElementD" in plain
-            assert "QuantFast" not in plain and "QuantExact" not in src
+            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantRn, ElementD" in plain
+            assert "QuantFast" not in plain
         else:
             assert src.count("QuantRn") == plain.count("QuantRn")
     with pytest.raises(ValueError, match="not supported"):

@@ -222,11 +222,6 @@ def test_quant_errors():
         oasr_ops.scaled_mm_quant(a, w, sa, sw, torch.ones(1), torch.zeros(32, dtype=torch.float16))
     with pytest.raises(ValueError, match="out_scale must be float32"):
         oasr_ops.scaled_mm_quant(a, w, sa, sw, torch.ones(1, dtype=torch.float16))
-    # outside the range where the kernels' branch-free division is exact (ops.OUT_SCALE_RANGE)
-    for bad in (2.0 ** -110, 2.0 ** 110, float("inf"), float("nan"), 0.0):
-        with pytest.raises(ValueError, match=r"finite and > 0 everywhere, within \[2\^-100, 2\^100\]"):
-            oasr_ops.scaled_mm_quant(a, w, sa, sw, torch.tensor([bad]))
-    assert oasr_ops.scaled_mm_quant(a, w, sa, sw, torch.tensor([2.0 ** -90])).dtype == torch.int8
 
 
 # ------------------------------------------------------------------------------------------------ selection
@@ -503,8 +498,8 @@ def test_every_config_renders(lane):
             else:
                 assert "VisitorColBroadcast" in src and "DefaultGemmWithVisitor" in src
                 assert "OpMultiplyAddSaturate" in src
-            if dt == "int8":  # sm90: the branch-free correctly rounded division; sm80: the IEEE one
-                assert f"oasr::{'QuantExact' if lane is SM90 else 'QuantRn'}, ElementD" in src
+            if dt == "int8":
+                assert "oasr::QuantRn, ElementD" in src
             else:
                 assert f"using ElementD = {'cutlass::half_t' if dt == 'fp16' else 'cutlass::bfloat16_t'}" in src
     with pytest.raises(ValueError):

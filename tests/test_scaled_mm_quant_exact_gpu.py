@@ -1,4 +1,5 @@
-"""The int8-output epilogue's branch-free division (templates/sm90_scaled_mm.cu.j2, `QuantExact`) on the GPU: the
+"""The int8-output epilogue's division (templates/sm90_scaled_mm.cu.j2, `QuantRn`; any faster replacement must pass
+this too — a branch-free `QuantExact` was written and withheld because it never ran on a GPU) on the GPU: the
 quantized values must equal the reference's ``round_half_even(y / out_scale)`` bit for bit, at the rounding
 boundaries (y / s within a few ulp of every .5 in [-130, 130]) and on random GEMMs, per tensor and per row, on one
 tile of each kernel structure (64-row ping-pong, 2x1-cluster ping-pong, 128x256 cooperative). The full tile set is
