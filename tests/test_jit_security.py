@@ -400,8 +400,13 @@ def test_sigkilled_real_nvcc_build_leaves_no_process(tmp_path):
     jdir = tmp_path / "jit"
     builder = _start_builder("real", jdir)
     try:
-        assert _wait(lambda: len(_children(builder.pid)) == 1, 60)
-        sid = _children(builder.pid)[0]
+        seen: list[int] = []
+
+        def one_child() -> bool:  # keep the pid that was seen: a second listing can race with the child's exec
+            seen[:] = _children(builder.pid)
+            return len(seen) == 1
+        assert _wait(one_child, 60)
+        sid = seen[0]
 
         def compiling() -> bool:  # nvcc has handed over to its front end / back end
             names = set()
