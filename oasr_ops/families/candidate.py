@@ -120,18 +120,23 @@ class Candidate:
 
 
 def lane_candidates(lane: Any, bind: Callable[..., Any], gate: Gate, n: int, k: int,
-                    arch: str) -> list[Candidate]:
-    """``torch`` (cuBLAS, the fallback), then every config of `lane` that is statically feasible for (N, K) on
+                    arch: str, *, fallback: str = "torch") -> list[Candidate]:
+    """``torch`` (the vendor library), then every config of `lane` that is statically feasible for (N, K) on
     `arch`, the lane default first; the default and the coverage basis are the cheap ones prewarm may time.
-    `lane` None: ``torch`` only. Shared by the families whose arms are plain configs of one lane."""
-    out = [Candidate("torch", bind, gate, host="torch", fallback=True)]
+    `lane` None: ``torch`` only. Shared by the families whose arms are plain configs of one lane.
+    `fallback`: the partition's fallback arm (and a built entry's catch-all above the measured Ms): ``"torch"``, or
+    ``"default"`` — the lane default, for a family whose untuned answer it is (conv1d); ``torch`` when the lane
+    default is not feasible for (N, K)."""
+    configs = [] if lane is None else [
+        c for c in (lane.default, *(c for c in lane.space if c != lane.default))
+        if lane.infeasible_reason(c, n=n, k=k, arch_family=arch) is None]
+    default_falls_back = fallback == "default" and bool(configs) and configs[0] == lane.default
+    out = [Candidate("torch", bind, gate, host="torch", fallback=not default_falls_back)]
     if lane is None:
         return out
     cheap = {lane.default.id, *(c.id for c in lane.coverage_basis)}
-    for c in (lane.default, *(c for c in lane.space if c != lane.default)):
-        if lane.infeasible_reason(c, n=n, k=k, arch_family=arch) is not None:
-            continue
+    for c in configs:
         out.append(Candidate(
-            c.id, bind, gate, host="oasr", prewarm=c.id in cheap,
+            c.id, bind, gate, host="oasr", prewarm=c.id in cheap, fallback=default_falls_back and c == lane.default,
             infeasible=lambda p, c=c: lane.infeasible_reason(c, m=p.m, n=n, k=k, arch_family=arch)))
     return out

@@ -109,6 +109,11 @@ def is_call(node: Any, *targets: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
+def is_param(node: Any) -> bool:
+    """True for a graph input or attribute (a parameter or buffer of the compiled module, in the post-grad graph)."""
+    return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
+
+
 def val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 

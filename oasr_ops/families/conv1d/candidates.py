@@ -14,7 +14,6 @@ noise of a memory-bound kernel, and the DB key has no activation).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ...runtime.registry import native_lane
@@ -44,14 +43,11 @@ def host_probe() -> tuple[int, int]:
 def candidates(parts: Any, arch: str) -> list[Candidate]:
     """torch (cuDNN), the lane default (the fallback), then the rest of the depthwise lane's space feasible for
     (C, Kw) on `arch`."""
-    cands = lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
-                            arch)
-    if len(cands) < 2:
-        return cands
     # The partition's fallback is the lane default, the family's untuned answer (measured faster than cuDNN at
     # every shape of docs/perf/conv.md): above the largest measured M, and wherever no config beats it by the
     # gate's margin, a built DB then answers what an untuned shape gets, never cuDNN's 3-8x slower conv.
-    return [replace(cands[0], fallback=False), replace(cands[1], fallback=True), *cands[2:]]
+    return lane_candidates(native_lane(arch, FAMILY), _bind, Gate("tolerance", baseline="torch"), parts.n, parts.k,
+                           arch, fallback="default")
 
 
 def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: Operands | None = None) -> Operands:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ...configs import DW_MAX_KW
+from ..graph import is_param
 from . import affine as _affine
 from .ops import DTYPES, select_config, signature
 
@@ -106,10 +107,6 @@ def _is_swap_12(node: Any) -> bool:
     return False
 
 
-def _is_param(node: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
-
-
 def is_pointwise(conv: torch.fx.Node) -> bool:
     """True when `conv` is a 1-D convolution with a kernel of 1 and one group (pointwise.py's sites)."""
     wv = _val(conv.args[1]) if len(conv.args) > 1 else None
@@ -143,9 +140,9 @@ def _conv_reason(node: torch.fx.Node) -> str | None:
             or not (out_pad is None or all(_static(p) == 0 for p in out_pad)):
         return f"not stride 1 / dilation 1 / 'same' padding {kw // 2} (stride {stride}, padding {padding}, " \
                f"dilation {dilation}, transposed {transposed})"
-    if not _is_param(w):
+    if not is_param(w):
         return "weight is not a parameter (graph input or attribute)"
-    if b is not None and not _is_param(b):
+    if b is not None and not is_param(b):
         return "bias is not a parameter (graph input or attribute)"
     return None
 

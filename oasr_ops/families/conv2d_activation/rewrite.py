@@ -33,18 +33,14 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, known_contiguous, single_user, static_int,
-                     users, val)
+from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_param, known_contiguous, single_user,
+                     static_int, users, val)
 from ..gemm.rewrite import PARAM_DERIVED
 from .ops import ACTIVATIONS, FAMILY, db_op, out_extent
 
 aten = torch.ops.aten
 
 _RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-
-
-def _is_param(node: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
 
 
 def _ints(x: Any, n: int) -> tuple[int, ...] | None:
@@ -93,9 +89,9 @@ def conv_reason(node: torch.fx.Node) -> str | None:
         return f"output padding {out_pad}"
     if static_int(xv.shape[1]) != static_int(wv.shape[1]):
         return f"input channels {xv.shape[1]} vs weight {tuple(wv.shape)}"
-    if not _is_param(w):
+    if not is_param(w):
         return "weight is not a parameter (graph input or attribute)"
-    if b is not None and not _is_param(b):
+    if b is not None and not is_param(b):
         return "bias is not a parameter (graph input or attribute)"
     return None
 
@@ -205,7 +201,7 @@ def _linear_weight(node: torch.fx.Node, a: torch.fx.Node) -> torch.fx.Node | Non
         wt = node.args[2]
     else:
         return None
-    if not _is_permute(wt, [1, 0]) or not _is_param(wt.args[0]):
+    if not _is_permute(wt, [1, 0]) or not is_param(wt.args[0]):
         return None
     wv = val(wt.args[0])
     return wt if isinstance(wv, torch.Tensor) and wv.dim() == 2 and known_contiguous(wv) else None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, keeps_aten, known_contiguous,
+from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, is_param, keeps_aten, known_contiguous,
                      operands_reason, replace_node, single_user, static_int, users, val)
 
 aten = torch.ops.aten
@@ -149,8 +149,7 @@ def _weight_source(node: Any) -> torch.fx.Node | None:
     src = node.args[0]
     # A parameter, or a node another family's rewrite computed from parameters alone and marked so (the
     # conv2d_activation frontend's column-permuted Linear weight: constant under freezing).
-    if not isinstance(src, torch.fx.Node) or (src.op not in ("placeholder", "get_attr")
-                                              and not src.meta.get(PARAM_DERIVED)):
+    if not isinstance(src, torch.fx.Node) or not (is_param(src) or src.meta.get(PARAM_DERIVED)):
         return None
     v = val(src)
     if not isinstance(v, torch.Tensor) or v.dim() != 2 or not known_contiguous(v):
