@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from conv_module import kernel_profile  # noqa: E402
 from scaled_mm import time_graph  # noqa: E402
 
 DEFAULT_SHAPES = [f"{c}:{b}:{f}" for c in (256, 512, 1024) for b, f in ((8, 300), (16, 1027), (32, 1000), (8, 3000))]
@@ -147,26 +148,6 @@ def _arch():
     return current_arch_family()
 
 
-def kernel_profile(fn, x, iters: int) -> tuple[float, list[dict]]:
-    """(kernel µs per call, the top kernels) of `fn(x)` under torch.profiler (no CUDA graphs)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn(x)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn(x)
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0:
-            rows.append({"kernel": ev.key[:120], "calls_per_iter": ev.count / iters, "us_per_iter": t / iters})
-    rows.sort(key=lambda r: -r["us_per_iter"])
-    return sum(r["us_per_iter"] for r in rows), rows[:12]
-
-
 def run_module(args) -> list[dict]:
     from examples import conformer
     from oasr_ops.inductor import rewrite as rw
@@ -212,7 +193,7 @@ def run_module(args) -> list[dict]:
                 with torch._inductor.config.patch(fx_graph_cache=False):
                     fn = torch.compile(copy.deepcopy(mh), backend=oasr_backend if backend == "oasr" else backend,
                                        dynamic=False)
-                    profiles[backend] = kernel_profile(fn, xh, 5)
+                    profiles[backend] = kernel_profile(fn, xh, 5, top=12)
         med = {b: statistics.median(v) for b, v in rounds.items()}
         row = {"C": c, "B": bsz, "frames": frames, "us": med, "rounds_us": rounds, "err": errs, "sites": sites,
                "speedup_oasr_vs_inductor": med["inductor"] / med["oasr"],
