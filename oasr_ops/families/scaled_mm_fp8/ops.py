@@ -39,7 +39,8 @@ from ...runtime.registry import lane_of, native_lane
 from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
 from .kernels import get_kernel, production_configs  # noqa: F401
-from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, check_layout, check_positive, epilogue_fp32,
+from ..scaled_mm.ops import _check_layout as check_layout
+from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, check_positive, epilogue_fp32,
                         quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
                         to_fp8)
 

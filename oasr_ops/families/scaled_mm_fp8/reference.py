@@ -71,13 +71,6 @@ def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None)
             raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
 
 
-def check_layout(op: str, *tensors) -> None:
-    for name, t in tensors:
-        if t is not None and not t.is_contiguous():
-            raise ValueError(f"oasr.{op}: {name} (shape {tuple(t.shape)}, stride {t.stride()}) is not contiguous; "
-                             "call .contiguous() first")
-
-
 def check_positive(op: str, name: str, t: torch.Tensor) -> None:
     """ValueError unless every value of `t` is finite and > 0 (a NaN, inf or 0 scale gives garbage silently).
 
