@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -104,6 +105,31 @@ def call_overheads_ms(fn, x, iters: int) -> tuple[float, float]:
     return statistics.median(host), s.elapsed_time(e) / iters
 
 
+def host_profile(fn, x, calls: int, top: int = 30) -> dict:
+    """cProfile of `calls` back-to-back calls (one sync at the end): the functions with the most own time, and
+    the total host ms per call the profiler saw (inflated by cProfile's own cost; compare variants, not absolutes)."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(*x)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(((v[2], v[3], v[1], f"{Path(k[0]).name}:{k[1]}({k[2]})") for k, v in stats.stats.items()),
+                  reverse=True)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    return {"calls": calls, "ms_per_call": 1e3 * stats.total_tt / calls,
+            "top_own": [{"own_ms_per_call": 1e3 * t / calls, "cum_ms_per_call": 1e3 * c / calls,
+                         "ncalls_per_call": n / calls, "where": w} for t, c, n, w in rows[:top]],
+            "cumulative": buf.getvalue()[-6000:]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -122,6 +148,12 @@ def main() -> int:
     p.add_argument("--with-act-only", action="store_true",
                    help="also time int8-fused-act: the same int8 layers, only GEMM+activation fused (the LayerNorms' "
                         "quantization left to Inductor, which fuses it with the LayerNorm and the residual add)")
+    p.add_argument("--with-fp16-oasr", action="store_true",
+                   help="also time fp16 with backend='oasr' (no quantization): separates what int8 adds from what "
+                        "oasr's fp16 rewrites (conv module, frontend) already give")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="cProfile N back-to-back calls of each variant (after the timed rounds) and keep the top "
+                        "functions by own time: where the host time per call goes")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
     p.add_argument("--profile-variants", default=None,
@@ -165,6 +197,8 @@ def main() -> int:
           flush=True)
     variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
                 "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True})}
+    if a.with_fp16_oasr:
+        variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {})
     if a.with_act_only:
         variants["int8-fused-act"] = (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": "act"})
     if a.with_layout_opt:
@@ -227,6 +261,8 @@ def main() -> int:
                 summary[f"fp16_over_{n}_pipelined"] = summary["fp16"]["pipelined_ms"] / summary[n]["pipelined_ms"]
         res["summary"] = summary
         print(json.dumps(summary, indent=1), flush=True)
+    if a.host_profile and cuda:
+        res["host_profile"] = {n: host_profile(fns[n], x, a.host_profile) for n in fns}
     if a.profile and cuda:
         from e2e_conformer import profile
 
