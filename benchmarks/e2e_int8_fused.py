@@ -246,6 +246,8 @@ def main() -> int:
                 res.setdefault("pipelined_ms", {}).setdefault(name, []).append(piped)
             print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms (host {res['host_call_ms'][n][-1]:.3f},"
                                              f" pipelined {res['pipelined_ms'][n][-1]:.3f})" for n in fns), flush=True)
+        if a.host_profile and cuda:  # inside no_grad: a call with grad on would recompile (and fail: no backward)
+            res["host_profile"] = {n: host_profile(fns[n], x, a.host_profile) for n in fns}
     if cuda:
         summary = {}
         for n, ts in res["round_ms"].items():
@@ -261,8 +263,6 @@ def main() -> int:
                 summary[f"fp16_over_{n}_pipelined"] = summary["fp16"]["pipelined_ms"] / summary[n]["pipelined_ms"]
         res["summary"] = summary
         print(json.dumps(summary, indent=1), flush=True)
-    if a.host_profile and cuda:
-        res["host_profile"] = {n: host_profile(fns[n], x, a.host_profile) for n in fns}
     if a.profile and cuda:
         from e2e_conformer import profile
 
