@@ -53,7 +53,14 @@ def qualifies(linear: nn.Linear) -> bool:
 
 
 class QuantLinear(nn.Module):
-    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations.
+
+    Buffers: ``weight_q`` (int8 [N, K]), ``scales`` (fp32 [N + 1]: the per-channel weight scales, then the
+    calibrated input scale) and ``bias``. `scale_w` and `input_scale` are views of ``scales``: a compiled model
+    fetches every buffer of every layer from the module tree on each call (Dynamo's prologue, ~0.5 us a tensor on
+    the CPU; the GPU idles meanwhile in a synchronous call), so one buffer instead of two saves that per layer
+    (docs/perf/e2e.md, "Host time per call"). State dicts of the earlier layout (``scale_w``, ``input_scale``)
+    load too."""
 
     def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype, config: str = "auto") -> None:
@@ -61,18 +68,51 @@ class QuantLinear(nn.Module):
         if out_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
         self.out_features, self.in_features = weight_q.shape
+        if tuple(scale_w.shape) != (self.out_features,):
+            raise ValueError(f"QuantLinear: scale_w must have shape ({self.out_features},), got {tuple(scale_w.shape)}")
         self.out_dtype = out_dtype
         self.config = config
         self.register_buffer("weight_q", weight_q)
-        self.register_buffer("scale_w", scale_w)
+        self.register_buffer("scales", torch.cat([scale_w.detach().float().reshape(-1),
+                                                  scale_w.new_ones(1, dtype=torch.float32)]))
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
-        # fp32 [1]: the calibrated per-tensor scale of this layer's input (`oasr_ops.calibrate`), or None
-        self.register_buffer("input_scale", None)
+        # whether scales[N] holds a calibrated input scale (`oasr_ops.calibrate`); a Python bool Dynamo guards on
+        self.calibrated = False
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # a calibrated state dict
-        key = prefix + "input_scale"
-        if key in state_dict and self.input_scale is None:
-            self.input_scale = torch.empty_like(state_dict[key], device=self.weight_q.device)
+    @property
+    def scale_w(self) -> torch.Tensor:
+        return self.scales[:self.out_features]
+
+    @property
+    def input_scale(self) -> torch.Tensor | None:
+        """fp32 [1]: the calibrated per-tensor scale of this layer's input, or None (dynamic per token only)."""
+        return self.scales[self.out_features:] if self.calibrated else None
+
+    @input_scale.setter
+    def input_scale(self, value: torch.Tensor | None) -> None:
+        if value is None:
+            self.calibrated = False
+            return
+        if value.numel() != 1:
+            raise ValueError(f"QuantLinear.input_scale: one value per tensor, got shape {tuple(value.shape)}")
+        with torch.no_grad():
+            self.scales[self.out_features:].copy_(value.reshape(1))
+        self.calibrated = True
+
+    def get_extra_state(self) -> dict:
+        return {"calibrated": self.calibrated}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.calibrated = bool(state.get("calibrated", False))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        old_w, old_in = prefix + "scale_w", prefix + "input_scale"  # the layout before `scales`
+        if old_w in state_dict and prefix + "scales" not in state_dict:
+            scale_in = state_dict.pop(old_in, None)
+            one = state_dict[old_w].new_ones(1, dtype=torch.float32)
+            state_dict[prefix + "scales"] = torch.cat([state_dict.pop(old_w).float().reshape(-1),
+                                                       one if scale_in is None else scale_in.float().reshape(1)])
+            state_dict.setdefault(prefix + "_extra_state", {"calibrated": scale_in is not None})
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
