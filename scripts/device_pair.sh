@@ -16,7 +16,7 @@ for g in 0 1; do
     # shellcheck disable=SC2086
     ( cd /tmp/pair/g$g/repo && CUDA_VISIBLE_DEVICES=$g TMPDIR=/tmp/pair/g$g/tmp OUT=/tmp/pair/out/g$g \
         timeout "${PAIR_TIMEOUT:-560}" bash scripts/device_run.sh $steps > /tmp/pair/out/g$g/run.log 2>&1
-      git -C /tmp/pair/g$g/repo status --short -- db | grep -q . && cp -r /tmp/pair/g$g/repo/db /tmp/pair/out/g$g/db
+      diff -rq "$SRC/db" /tmp/pair/g$g/repo/db > /dev/null || cp -r /tmp/pair/g$g/repo/db /tmp/pair/out/g$g/db
     ) &
 done
 wait
