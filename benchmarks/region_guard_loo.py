@@ -4,8 +4,10 @@
 
 For every signature and every interior measured M: partition the log without that M (the build's own rules,
 `from_log.partition_logged`, validation points included) once without and once with the wave guard, and look up
-what each partition serves at the held-out M (the guard uncapped and capped at the anchor, region_guard's doc); its speed vs the fallback there is the logged torch time over the
-logged time of the served arm (torch itself: 1.0). Reports geomean, min and counts below 0.98x / 0.95x for both,
+what each partition serves at the held-out M (the guard with the structural ratio uncapped and capped at the
+anchor, and with the calibrated ratio fitted on the table without that M, capped — the fp8 family's rule — and
+uncapped; region_guard's doc); its speed vs the fallback there is the logged torch time over the logged time of
+the served arm (torch itself: 1.0). Reports geomean, min and counts below 0.98x / 0.95x for both,
 and the worst held-out points. A held-out M widens its interval to two measured gaps, so this is harsher than
 the shipped partition's own between-points behaviour; it compares the rules, it does not measure the DB.
 """
@@ -62,13 +64,17 @@ def main() -> int:
     try:
         from_log.guard_signature = lambda entry, *_args, **_kw: dict(entry)  # the partition alone
         out["no_guard"] = summary(held_out_speeds(tables, weights, held, a.arch, a.min_speedup, a.max_loss))
-        for cap in (False, True):
-            def guarded(entry, times, fallback, sig, arch, _cap=cap):
-                return region_guard.guard_entry(entry, times, fallback, region_guard.ratio_for_signature(sig, arch),
-                                                a.margin, _cap)
-            from_log.guard_signature = guarded
-            out[f"guard_margin_{a.margin:g}{'_capped' if cap else ''}"] = summary(
-                held_out_speeds(tables, weights, held, a.arch, a.min_speedup, a.max_loss))
+        for calibrated in (False, True):
+            for cap in (False, True):
+                def guarded(entry, times, fallback, sig, arch, _cap=cap, _cal=calibrated):
+                    ratio = region_guard.calibrated_ratio(sig, times, fallback, arch) if _cal else None
+                    return region_guard.guard_entry(entry, times, fallback,
+                                                    ratio or region_guard.ratio_for_signature(sig, arch),
+                                                    a.margin, _cap)
+                from_log.guard_signature = guarded
+                name = f"guard_{'calibrated' if calibrated else 'structural'}_margin_{a.margin:g}"
+                out[name + ("_capped" if cap else "")] = summary(
+                    held_out_speeds(tables, weights, held, a.arch, a.min_speedup, a.max_loss))
     finally:
         from_log.guard_signature = guard
     print(json.dumps(out, indent=1))
