@@ -188,7 +188,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="JSON output path")
     ap.add_argument("--census", action="append", default=None, help="census JSON (default: benchmarks/census/*)")
     ap.add_argument("--ms", default="16,64,256,1024,4096,16384")
-    ap.add_argument("--tile-ms", default="64,4096", help="Ms at which every tile is timed (FastAccum vs not)")
+    ap.add_argument("--tile-ms", default="64,4096", help="Ms at which every tile is timed (FastAccum vs not); empty: none")
     ap.add_argument("--protocol", choices=("build", "anchor"), default="build", help="module doc")
     ap.add_argument("--rounds", type=int, default=9, help="alternating rounds per shape (median)")
     ap.add_argument("--weights", choices=("census", "cold", "warm"), default="census",
@@ -221,7 +221,7 @@ def main() -> int:
     census = args.census or sorted(glob.glob(str(ROOT / "benchmarks" / "census" / "*.json")))
     nks = census_signatures(census)
     ms = [64, 4096] if args.quick else [int(x) for x in args.ms.split(",")]
-    tile_ms = [4096] if args.quick else [int(x) for x in args.tile_ms.split(",")]
+    tile_ms = [4096] if args.quick else [int(x) for x in args.tile_ms.split(",") if x]
     proto = Protocol(args.protocol, args.rounds, args.reps, args.calls)
     log(f"{len(nks)} signatures x {len(ms)} Ms; every tile at M in {tile_ms}; lane {lane.name if lane else None}; "
         f"{proto}")
