@@ -40,6 +40,7 @@ STEPS=(
     "fp8-probe|OASR_CUDA_ARCH_LIST=9.0a python3 benchmarks/scaled_mm_fp8_probe.py --jobs 16 --out \$OUT/fp8_probe.json"
     "fp8-between|OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl --out \$OUT/between_fp8.json"
     "fp8-between-rebuilt|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt.json"
+    "fp8-between-rebuilt-build|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --protocol build --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt_build.json"
     "scaled-mm|python3 benchmarks/scaled_mm.py --out \$OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7"
     "bmm|python3 benchmarks/bmm.py --out \$OUT/bmm.json --reps 9"
     "e2e|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends eager,inductor,oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e.json"
