@@ -12,7 +12,9 @@ up to D more Ms per interval: the Ms where a config the DB serves there is at it
 competitor (`cost_model.probe_ms`: the first M past each of its wave edges, and the first M of each region), so a
 stretch the wave guard should have handed to the fallback is sampled where it would lose most. At each M
 `auto` (what the DB serves) and the fallback are timed `--rounds` times each (3) in alternating order (AB, BA,
-...) as CUDA graphs of 20 calls (median):
+...) as CUDA graphs of 20 calls (median); ``--protocol build`` times them instead as the build and the fp8 census
+benchmark do (`tune.bench.measure`: a separator kernel after every call, subtracted; max(7, --rounds) rounds in
+alternating order, one replay each, median):
 
 * gemm: fp16 with bias (SiLU for gemm_activation), `oasr.gemm(config="auto")` vs cuBLAS (`F.linear` [+ `F.silu`]);
   one weight (hot).
@@ -74,6 +76,16 @@ def held_out_ms(ms: list[int], regions: list[list[Any]] | None, dense: int, n: i
                     else inside[len(inside) // 2:len(inside) // 2 + 1]
             out.update(inside)
     return sorted(out - measured)
+
+
+def timed(ref: Callable[[], Any], auto: Callable[[], Any], rounds: int, protocol: str) -> tuple[float, float]:
+    """(fallback us, auto us) under `protocol` (module doc)."""
+    if protocol == "b2b":
+        return alternating_us(ref, auto, rounds)
+    from oasr_ops.tune import bench
+
+    res = bench.measure({"ref": [ref] * CALLS, "auto": [auto] * CALLS}, rounds=max(7, rounds), order="alternate")
+    return res["ref"].estimate.median_s * 1e6, res["auto"].estimate.median_s * 1e6
 
 
 def gemm_arms(parts, m: int, weights: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -152,6 +164,8 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--family", choices=FAMILIES, default="gemm")
     p.add_argument("--rounds", type=int, default=3, help="alternating fallback/auto timings per point (median)")
+    p.add_argument("--protocol", choices=("b2b", "build"), default="b2b",
+                   help="b2b: back-to-back graphs (cost_model_heldout.alternating_us); build: tune.bench.measure")
     p.add_argument("--dense", type=int, default=0, help="extra held-out Ms per interval at the served configs' "
                                                         "wave edges (default 0: midpoints only)")
     p.add_argument("--prebuild-jobs", type=int, default=0,
@@ -185,7 +199,7 @@ def main() -> int:
         weights = prepare(parts)
         for m, kind in [(m, "measured") for m in ms_sorted] + [(m, "midpoint") for m in held]:
             ref, auto = arms_of(parts, m, weights)
-            t_ref, t_auto = alternating_us(ref, auto, a.rounds)
+            t_ref, t_auto = timed(ref, auto, a.rounds, a.protocol)
             rows.append({"signature": sig, "m": m, "kind": kind, "torch_us": t_ref, "auto_us": t_auto,
                          "speed_vs_torch": t_ref / t_auto, "auto_config": served_config(a.family, m, parts.n,
                                                                                         parts.k)})
@@ -209,7 +223,7 @@ def main() -> int:
     summary["wall_s"] = time.perf_counter() - t0
     with open(a.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "family": a.family,
-                   "dense": a.dense, "date": time.strftime("%Y-%m-%d"), "summary": summary, "rows": rows}, f,
+                   "dense": a.dense, "protocol": a.protocol, "date": time.strftime("%Y-%m-%d"), "summary": summary, "rows": rows}, f,
                   indent=1)
     print(json.dumps(summary, indent=1))
     return 0

@@ -1,5 +1,6 @@
 """oasr tune build's CPU-side logic: census merge, point planning, checkpoint/resume, publish; bench refusals."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +112,73 @@ def test_copies_for_cold_and_warm(monkeypatch):
     assert bench.copies_for(2**20, cold=False) == 1
     assert bench.copies_for(2**20, cold=True) == 120
     assert bench.copies_for(512 * 2**20, cold=True) == 1
+
+
+def test_weights_cold_is_the_builds_rule(monkeypatch):
+    monkeypatch.setattr(bench, "l2_bytes", lambda: 60 * 2**20)
+    assert bench.weights_cold(0)  # unknown working set: cold
+    assert not bench.weights_cold(26 * 2**20)  # a census model whose weights fit in L2
+    assert bench.weights_cold(104 * 2**20)
+
+
+def test_round_order_alternates_or_shuffles_reproducibly():
+    import random
+
+    keys = ["a", "b", "c"]
+    rng = random.Random(0)
+    orders = [bench.round_order(keys, i, rng, "alternate") for i in range(4)]
+    assert orders == [keys, keys[::-1], keys, keys[::-1]]
+    # every key is first as often as last over an even number of rounds
+    assert sum(o[0] == "a" for o in orders) == sum(o[-1] == "a" for o in orders) == 2
+    a = [bench.round_order(keys, i, random.Random(5), "shuffle") for i in range(3)]
+    b = [bench.round_order(keys, i, random.Random(5), "shuffle") for i in range(3)]
+    assert a == b and all(sorted(o) == keys for o in a)
+    # the build's shuffle consumes the rng exactly as before the option existed (logs stay comparable)
+    r1, r2 = random.Random(3), random.Random(3)
+    ref = list(keys)
+    r2.shuffle(ref)
+    assert bench.round_order(keys, 0, r1, "shuffle") == ref
+    with pytest.raises(ValueError, match="order"):
+        bench.round_order(keys, 0, rng, "sideways")
+
+
+def test_bench_rejects_an_unknown_order_before_timing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="order"):
+        bench.measure({"x": [lambda: None] * 8}, order="sideways")
+
+
+def test_fp8_census_bench_alternates_and_takes_per_shape_medians():
+    """benchmarks/scaled_mm_fp8.py's round logic (pure; a fake timer): each arm once per round, forward then
+    reverse, the median over rounds; a drift that favours the later arm in a fixed order cancels."""
+    import importlib.util
+    import sys as _sys
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "scaled_mm_fp8.py"
+    spec = importlib.util.spec_from_file_location("_fp8_census_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    _sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    seen: list[str] = []
+    clock = {"t": 0}
+
+    def timer(name: str) -> float:  # the GPU warms up: each timing is 1 % faster than the one before
+        seen.append(name)
+        clock["t"] += 1
+        return {"torch": 10.0, "auto": 10.0}[name] * 0.99 ** clock["t"]
+
+    med, per = mod.alternating_medians(["torch", "auto"], 4, timer)
+    assert seen == ["torch", "auto", "auto", "torch"] * 2
+    assert [len(v) for v in per.values()] == [4, 4]
+    ratio = med["torch"] / med["auto"]
+    assert abs(ratio - 1.0) < 0.005  # a fixed order would report 0.99x: torch always timed first
+    fixed = {"torch": [], "auto": []}
+    clock["t"] = 0
+    for _ in range(4):
+        for nm in ("torch", "auto"):
+            fixed[nm].append(timer(nm))
+    import statistics
+    assert statistics.median(fixed["torch"]) / statistics.median(fixed["auto"]) > 1.009
 
 
 def test_scaled_mm_points_come_from_quantizable_gemm_sites(tmp_path):

@@ -42,3 +42,20 @@ def test_small_build_end_to_end(tmp_path, monkeypatch):
     result = evaluate(log, {"db": json.loads((out / "sm90" / "gemm.json").read_text())["entries"]})
     assert result["points"] >= 5
     database.reload()
+
+
+@pytest.mark.parametrize("order,separator", [("alternate", True), ("alternate", False), ("shuffle", False)])
+def test_bench_measure_orders_and_separator(order, separator):
+    """tune.bench.measure with the census benchmark's options (benchmarks/scaled_mm_fp8.py): every arm gets one
+    sample per round, positive per-call times; without the separator a heavier arm still times heavier (nothing
+    is subtracted that belongs to the arm)."""
+    from oasr_ops.tune import bench
+
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    small = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    arms = {"big": [lambda: x @ x] * 8, "small": [lambda: small @ small] * 8}
+    res = bench.measure(arms, rounds=4, order=order, separator=separator)
+    assert set(res) == {"big", "small"}
+    for r in res.values():
+        assert len(r.samples_s) == 4 and all(t >= 0 for t in r.samples_s) and r.estimate.median_s > 0
+    assert res["big"].estimate.median_s > res["small"].estimate.median_s

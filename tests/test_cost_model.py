@@ -193,6 +193,30 @@ def test_fit_recovers_known_coefficients():
     assert r["picks"]["torch"] + r["picks"]["cutlass"] == 30
 
 
+def test_fit_table_prices_one_signatures_tiles_from_its_own_points():
+    """calibrate.fit_table (the fp8 wave guard's per-signature fit): times made by the model with known (a, b, R)
+    at one (N, K) are predicted back exactly at other Ms; torch and sentinels are not fitted; a tile with fewer
+    than three points gets nothing."""
+    coefs = {"t128x128x128_c2x1_pp_fa": (0.9e-6, 0.02e-6, 1.2e-6), "t64x16x256_c1x1_pp_fa_swab": (0.3e-6, 0.05e-6,
+                                                                                                   0.4e-6)}
+    cal = cm.Calibration("sm90", "fp8", configs=coefs)
+    n, k = 2048, 512
+    table = {m: {cid: cm.predict_s(cid, m, n, k, "fp8", H200, cal) for cid in coefs}
+             for m in (15, 80, 512, 1907, 3552, 9233, 24000)}
+    for m in table:
+        table[m]["torch"] = 1e-5
+        table[m]["heuristic"] = 1e-5
+    table[15]["t64x64x256_c1x1_pp_swab"] = 4e-6
+    table[80]["t64x64x256_c1x1_pp_swab"] = 4e-6
+    fitted = calibrate.fit_table(table, n, k, "fp8", H200)
+    assert set(fitted) == set(coefs)
+    fcal = cm.Calibration("sm90", "fp8", configs=fitted)
+    for cid in coefs:
+        for m in (1, 300, 4097, 6000, 20000):  # never fitted there
+            assert cm.predict_s(cid, m, n, k, "fp8", H200, fcal) == pytest.approx(
+                cm.predict_s(cid, m, n, k, "fp8", H200, cal), rel=1e-6)
+
+
 def test_model_regret_on_the_h200_log_runs():
     path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "logs", "sm90_gemm_build.jsonl")
     if not os.path.exists(path):

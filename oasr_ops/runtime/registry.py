@@ -42,8 +42,9 @@ class FamilySpec:
                      its compiled configs against cuBLAS (tier ``model``; OASR_TUNE_MODEL_FALLBACK=0: off).
     wave_guard_dtype: the operand dtype in which the build's wave guard (tune/region_guard.py) models this
                      family's tiles, for a family that is not `modelled` (no cost-model tier) but whose tiles the
-                     cost model's structure describes and whose fallback is cuBLAS (scaled_mm_fp8: "fp8"); None:
-                     guarded only when `modelled` (as fp16).
+                     cost model's structure describes and whose fallback is cuBLAS (scaled_mm_fp8: "fp8"); the
+                     guard then calibrates on the signature's own measurements and caps at the anchor
+                     (region_guard.calibrated_ratio); None: guarded only when `modelled` (as fp16).
     no_streamk_ops:  ops whose launcher has no Stream-K variant (such an entry falls back, warned once).
     heuristic:       the ``heuristic`` sentinel's answer, wherever it is served (`select.serve_config`, a plan's
                      sentinel expansion); not a tier-chain plug-in, so `select_config` and the region tables a

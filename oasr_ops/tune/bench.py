@@ -7,7 +7,11 @@
   single replay): replays never overlap each other.
 - Weights rotate through enough copies to be cold when the served model's weight working set exceeds L2 and
   stay warm when it does not: the caller says which (`cold=True`) and `copies_for()` sizes the rotation.
-- Arms are interleaved in shuffled rounds; the estimator is the median and sigma = 1.4826 x MAD (stats.py).
+- Arms are interleaved in rounds, shuffled (the build) or alternating forward / reverse (`order="alternate"`, the
+  benchmarks: with two arms every arm is first in half the rounds); the estimator is the median and
+  sigma = 1.4826 x MAD (stats.py).
+- `separator=False` drops the separator (back-to-back calls of one kernel, the anchors' protocol: what cuBLAS's
+  programmatic dependent launch can overlap, and a model cannot; benchmarks/scaled_mm_fp8_protocol.py).
 - SM clock and other compute processes are recorded per measurement; a run with other processes is marked
   contended.
 - Ops that cannot be captured are timed eagerly (`eager=True`).
@@ -49,6 +53,12 @@ def copies_for(bytes_per_copy: int, cold: bool, cap: int = 1024) -> int:
     if not cold:
         return 1
     return max(1, min(cap, math.ceil(2 * l2_bytes() / max(bytes_per_copy, 1))))
+
+
+def weights_cold(model_weight_bytes: int) -> bool:
+    """Whether a signature's weights are timed cold: when the served model's weight working set exceeds L2, or
+    is unknown (the build's rule; the fp8 census benchmark applies it too, so both time the same state)."""
+    return model_weight_bytes > l2_bytes() if model_weight_bytes else True
 
 
 @dataclass
@@ -132,24 +142,45 @@ def _time_eager(calls: list[Callable[[], object]]) -> float:
     return start.elapsed_time(end) * 1e-3
 
 
+ORDERS = ("shuffle", "alternate")
+
+
+def round_order(keys: list, i: int, rng: random.Random, order: str = "shuffle") -> list:
+    """The order round `i` times `keys` in: shuffled by `rng`, or `keys` forward in even rounds and reversed in
+    odd ones ("alternate")."""
+    if order == "alternate":
+        return list(keys) if i % 2 == 0 else list(keys)[::-1]
+    if order != "shuffle":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    out = list(keys)
+    rng.shuffle(out)
+    return out
+
+
 def measure(arms: dict[str, list[Callable[[], object]]], *, rounds: int = 7, seed: int = 0,
-            eager: frozenset[str] = frozenset(), env: Environment | None = None) -> dict[str, ArmResult]:
+            eager: frozenset[str] = frozenset(), env: Environment | None = None, order: str = "shuffle",
+            separator: bool = True) -> dict[str, ArmResult]:
     """Per-call GPU seconds of each arm. `arms[name]` is the list of N >= 8 calls one replay makes (call i
     bound to weight copy i % copies). Arms named in `eager` are timed as eager loops (not capturable).
+    `order`: how each round orders the arms (`round_order`); `separator=False`: no separator kernel between
+    calls (module doc).
 
-    Raises BenchError inside a capture or for an arm with fewer than MIN_CALLS calls.
+    Raises BenchError inside a capture or for an arm with fewer than MIN_CALLS calls; ValueError for an
+    unknown `order`.
     """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     refuse_in_capture()
     for name, calls in arms.items():
         if len(calls) < MIN_CALLS:
             raise BenchError(f"arm {name}: {len(calls)} calls per replay, need >= {MIN_CALLS}")
     env = env if env is not None else Environment()
-    sep = _separator()
+    sep = _separator() if separator else None
     n_by_len: dict[int, torch.cuda.CUDAGraph] = {}
     graphs: dict[str, torch.cuda.CUDAGraph | None] = {}
     for name, calls in arms.items():
         graphs[name] = None if name in eager else _capture(calls, sep)
-        if len(calls) not in n_by_len:
+        if sep is not None and len(calls) not in n_by_len:
             n_by_len[len(calls)] = _capture([lambda: None] * len(calls), sep)  # separators alone
     for g in list(graphs.values()) + list(n_by_len.values()):  # first replay: not timed
         if g is not None:
@@ -158,11 +189,10 @@ def measure(arms: dict[str, list[Callable[[], object]]], *, rounds: int = 7, see
     rng = random.Random(seed)
     samples: dict[str, list[float]] = {n: [] for n in arms}
     sep_samples: dict[int, list[float]] = {n: [] for n in n_by_len}
-    for _ in range(rounds):
+    for i in range(rounds):
         env.sample()
-        order = [("arm", n) for n in arms] + [("sep", n) for n in n_by_len]
-        rng.shuffle(order)
-        for kind, key in order:
+        keys = [("arm", n) for n in arms] + [("sep", n) for n in n_by_len]
+        for kind, key in round_order(keys, i, rng, order):
             if kind == "sep":
                 sep_samples[key].append(_time_replay(n_by_len[key]))
             elif graphs[key] is None:
@@ -172,7 +202,7 @@ def measure(arms: dict[str, list[Callable[[], object]]], *, rounds: int = 7, see
     out: dict[str, ArmResult] = {}
     for name, calls in arms.items():
         n = len(calls)
-        sep_cost = estimate(sep_samples[n]).median_s if name not in eager else 0.0
+        sep_cost = estimate(sep_samples[n]).median_s if name not in eager and sep is not None else 0.0
         per_call = [max(t - sep_cost, 0.0) / n for t in samples[name]]
         out[name] = ArmResult(estimate(per_call), per_call)
     del graphs, n_by_len

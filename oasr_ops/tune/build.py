@@ -264,7 +264,7 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     pts = [_with_parts(p, work.signature, parts) for p in points]
     charged = any(c.host is not None for c in cands)  # the objective adds host cost: the log says gpu_s apart
     pseudo = pseudo_arms(cands)
-    cold = work.weight_bytes > bench.l2_bytes() if work.weight_bytes else True
+    cold = bench.weights_cold(work.weight_bytes)
     main = [p for p in pts if not p.validation] or pts
     mid = main[len(main) // 2]
     probe = operands_for(mid, opts.device, seed=0)

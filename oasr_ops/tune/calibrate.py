@@ -111,6 +111,17 @@ def fit_configs(rows, profile: ArchProfile) -> dict[str, tuple[float, float, flo
     return out
 
 
+def fit_table(table: Mapping[int, Mapping[str, float]], n: int, k: int, dtype: str,
+              profile: ArchProfile) -> dict[str, tuple[float, float, float]]:
+    """`fit_configs` on one signature's measured medians ``{m: {config: seconds}}`` (any family whose tiles the
+    structure describes, as `dtype` GEMMs): per-config (a, b, R) from that signature's points alone, so a build
+    and ``--from-log`` of its log fit the same numbers. With N and K fixed, W*r and W*r*k_iters are proportional
+    (a non-Stream-K config's time is fitted as cost per wave round + a constant); a config measured at fewer than
+    three points gets nothing."""
+    rows = [("", int(m), n, k, False, dtype, cid, float(t)) for m, row in table.items() for cid, t in row.items()]
+    return fit_configs(rows, profile)
+
+
 def fit_structure(rows, profile: ArchProfile) -> tuple[float, float, float] | None:
     """One (alpha, beta, R) for all configs: relative-error NNLS of the time on
     (W*r * a_default, W*r*k_iters * b_default, 1)."""

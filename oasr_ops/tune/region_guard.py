@@ -25,6 +25,16 @@ growing faster than the tile. The smooth fallback curve is the fp16 cuBLAS fit, 
 kept a 128x128 tile at M=3841 from a 0.996x anchor and it measured 0.85x on the H200. Leave-one-out on the fp8
 build log (benchmarks/region_guard_loo.py): 8 of 195 held-out points below 0.98x uncapped, 2 capped, geomean
 1.170x -> 1.169x (docs/perf/scaled_mm_fp8.md). The gemm family keeps the uncapped rule it was validated with.
+
+Calibrated (``calibrated_ratio``, the same families): T_c is the cost model with per-config (a, b, R) fitted on
+the signature's own measurements (tune.calibrate.fit_table: the structure's wave rounds, priced by this tile's
+measured times) and T_f is the fallback's measured times interpolated linearly in M between the measured points,
+instead of the uncalibrated structure over the fp16 cuBLAS curve. The structure alone could not see a tile whose
+measured time sits off its wave line: N=3072 K=1024, 128x128 2x1 ping-pong measured 10.0 us at M=1024 and 14.4 us
+at M=1907 (two and three waves) and 13.1 us at the held-out M=1025 (two waves; torch 11.1 us, 0.85x on the H200).
+Fitted, two waves cost ~11.3 us: from the M=1907 anchor (1.21x) the prediction at M=1025 is 0.98x, so it goes to
+torch. A fit per signature uses only points a leave-one-out drops (benchmarks/region_guard_loo.py) and is what
+the build and ``--from-log`` both compute; configs measured at fewer than three points keep the structural ratio.
 """
 from __future__ import annotations
 
@@ -39,7 +49,7 @@ from ..runtime.database import parse_signature
 from .partition import Table, _medians
 
 __all__ = ["MARGIN", "guard_regions", "guard_entry", "guard_signature", "structural_ratio", "ratio_for_signature",
-           "capped_at_anchor"]
+           "capped_at_anchor", "calibrated_ratio", "interpolated"]
 
 #: A predicted win smaller than this is not trusted away from the points it was measured at. Chosen on the
 #: shipped gemm DB's between-points check (benchmarks/logs/sm90_between_points.json): every midpoint measured
@@ -81,6 +91,54 @@ def ratio_for_signature(sig: str, arch: str) -> RatioFn | None:
     else:
         return None
     return structural_ratio(parts.n, parts.k, dtype, arch, activation=parts.op.endswith("activation"))
+
+
+def interpolated(points: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+    """M -> time, linear between the measured (M, time) points and flat outside them (below the first: the
+    smallest measured time, launch-bound; above the last: the guard never acts there)."""
+    pts = sorted(points)
+    if not pts:
+        raise ValueError("interpolated needs at least one measured point")
+
+    def at(m: int) -> float:
+        if m <= pts[0][0]:
+            return pts[0][1]
+        for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+            if m <= m1:
+                return t0 + (t1 - t0) * (m - m0) / (m1 - m0)
+        return pts[-1][1]
+    return at
+
+
+def calibrated_ratio(sig: str, times: Table, fallback: str, arch: str) -> RatioFn | None:
+    """T_config(M) / T_fallback(M) calibrated on the signature's measurements (module doc): the cost model with
+    each config's (a, b, R) fitted on its measured points over the fallback's measured times interpolated in M.
+    A config with fewer than three measured points gets `structural_ratio`. None for a signature whose family is
+    not guarded through ``wave_guard_dtype``, or with fewer than two measured fallback points."""
+    from ..runtime.cost_model import Calibration
+    from .calibrate import fit_table
+
+    parts = parse_signature(sig)
+    if parts is None or not capped_at_anchor(sig):
+        return None
+    dtype = registry.get(parts.family).wave_guard_dtype
+    med = _medians(times)
+    fb = [(m, row[fallback]) for m, row in med.items() if fallback in row]
+    if len(fb) < 2:
+        return None
+    profile = arch_profile.reference_profile(arch)
+    cal = Calibration(arch_family=arch, dtype=dtype, configs=fit_table(med, parts.n, parts.k, dtype, profile))
+    t_fallback = interpolated(fb)
+    structural = structural_ratio(parts.n, parts.k, dtype, arch)
+
+    def ratio(cid: str, m: int) -> float | None:
+        cfg = _config(cid)
+        if cfg is None or cid not in cal.configs:
+            return structural(cid, m)
+        t_c = cost_model.predict_s(cfg, m, parts.n, parts.k, dtype, profile, cal)
+        return t_c / t_fallback(m) if math.isfinite(t_c) and t_c > 0 else None
+
+    return ratio
 
 
 @functools.lru_cache(maxsize=512)
@@ -181,5 +239,7 @@ def guard_entry(entry: Mapping[str, Any], times: Table, fallback: str, ratio: Ra
 
 def guard_signature(entry: Mapping[str, Any], times: Table, fallback: str, sig: str, arch: str,
                     margin: float = MARGIN) -> dict[str, Any]:
-    """`guard_entry` with the signature's family's ratio and cap (what the build and ``--from-log`` run)."""
-    return guard_entry(entry, times, fallback, ratio_for_signature(sig, arch), margin, capped_at_anchor(sig))
+    """`guard_entry` with the signature's family's ratio and cap (what the build and ``--from-log`` run): the
+    calibrated ratio for the families guarded through ``wave_guard_dtype``, the structural one otherwise."""
+    ratio = calibrated_ratio(sig, times, fallback, arch) or ratio_for_signature(sig, arch)
+    return guard_entry(entry, times, fallback, ratio, margin, capped_at_anchor(sig))
