@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .quant_patterns import _SCALED_MM, restore_rows, through_views
+from .quant_patterns import _QUANT, _QUANT_CAL, _SCALED_MM, restore_rows, through_views
 
 _ADDS = {operator.add, torch.add}
 _MULS = {operator.mul, torch.mul}
@@ -93,6 +93,37 @@ def _only_feeds(start: torch.fx.Node, end: torch.fx.Node, chain: list[torch.fx.N
             return False
 
 
+def _rows_2d(a) -> bool:
+    """`a` (the GEMM's activations) is 2-D [M, K]: from its traced value, else from the structure both int8 paths
+    give it (nodes the quantization passes inserted carry no value): a quantization's rows of ``x.reshape(-1, K)``
+    or fuse_quant's ``h.reshape(-1, K)``. If this were wrong the op's fake would reject the residual's shape when
+    AOTAutograd traces the graph: a compile error, never a silently wrong result."""
+    v = _val(a)
+    if v is not None:
+        return v.dim() == 2
+    if not isinstance(a, torch.fx.Node):
+        return False
+    if a.op == "call_method" and a.target == "contiguous":
+        return _rows_2d(a.args[0])
+    if a.op == "call_method" and a.target == "reshape":
+        return len(a.args) == 3  # reshape(x, rows, K)
+    if a.op == "call_function" and a.target is operator.getitem and a.args[1] == 0:
+        q = a.args[0]
+        return isinstance(q, torch.fx.Node) and q.target in _QUANT | _QUANT_CAL and _rows_2d(q.args[0])
+    return False
+
+
+def _scaled_shape(inner: torch.fx.Node, gemm: torch.fx.Node, n: int):
+    """The shape of the GEMM's output as the add sees it (`inner`: the GEMM or the last view of it)."""
+    v = _val(inner)
+    if v is not None:
+        return tuple(v.shape)
+    if inner.op == "call_function" and inner.target is restore_rows and inner.args[0] is gemm:
+        x = _val(inner.args[1])  # restore_rows(y, x): y [M, N] back to x's leading dims
+        return None if x is None else (*x.shape[:-1], n)
+    return None
+
+
 def _why_not(add, gemm, alpha, mul, r) -> str | None:
     chain: list[torch.fx.Node] = []
     if not _only_feeds(gemm, mul if mul is not None else add, chain):
@@ -101,14 +132,19 @@ def _why_not(add, gemm, alpha, mul, r) -> str | None:
         return "the scaled GEMM output has another user"
     if not isinstance(r, torch.fx.Node) or r in chain or r is mul:
         return "the other operand is not a tensor independent of the GEMM"
-    rv, av, gv = _val(r), _val(add), _val(gemm)
-    if rv is None or av is None or gv is None:
+    rv, av, out_dtype = _val(r), _val(add), gemm.args[5]
+    if rv is None or av is None:
         return "shapes unknown"
-    if gv.dim() != 2:  # the output has a's leading dims
-        return f"the GEMM output is {gv.dim()}-D (the pass reshapes the residual to the GEMM's [M, N])"
-    if not (_same_shape(rv, av) and rv.dtype == av.dtype == gv.dtype):
+    if not (_same_shape(rv, av) and rv.dtype == av.dtype == out_dtype):
         return (f"residual {tuple(rv.shape)} {rv.dtype} is not exactly the output's {tuple(av.shape)} "
-                f"{gv.dtype} (broadcast or type promotion)")
+                f"{out_dtype} (broadcast or type promotion)")
+    shape = _scaled_shape(chain[-1], gemm, int(av.shape[-1]))
+    if shape is None:
+        return "the GEMM output's shape is unknown"
+    if len(shape) != av.dim() or not all(statically_known_true(x == y) for x, y in zip(shape, av.shape)):
+        return f"the GEMM output {shape} is broadcast to {tuple(av.shape)}"
+    if not _rows_2d(gemm.args[0]):
+        return "the GEMM's activations are not 2-D [M, K] (the pass reshapes the residual to [M, N])"
     if not abs(alpha) < 3.4e38:
         return f"alpha {alpha} is not a finite fp32"
     return None
@@ -140,7 +176,7 @@ def fuse_residual_adds(gm: torch.fx.GraphModule) -> ResidualReport:
         gemm, alpha, r = match
         a, w, sa, sw, bias, out_dtype = gemm.args[:6]
         config = gemm.args[6] if len(gemm.args) > 6 else gemm.kwargs.get("config", "auto")
-        n = int(_val(gemm).shape[-1])
+        n = int(_val(add).shape[-1])
         with g.inserting_before(add):
             r2 = g.call_method("reshape", (g.call_method("contiguous", (r,)), -1, n))
             out = g.call_function(torch.ops.oasr.scaled_mm_residual.default,
