@@ -122,6 +122,9 @@ def main() -> int:
     p.add_argument("--with-act-only", action="store_true",
                    help="also time int8-fused-act: the same int8 layers, only GEMM+activation fused (the LayerNorms' "
                         "quantization left to Inductor, which fuses it with the LayerNorm and the residual add)")
+    p.add_argument("--with-residual", action="store_true",
+                   help="also time int8-fused-act-res: int8-fused-act with the residual add in fc2's epilogue "
+                        "(options fuse_residual=True, oasr.scaled_mm_residual)")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
     p.add_argument("--profile-variants", default=None,
@@ -135,6 +138,7 @@ def main() -> int:
     from e2e_compare import _load
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
+    from oasr_ops.inductor.fuse_residual import residual_log
 
     dev, cuda = a.device, a.device == "cuda"
     mode = "reduce-overhead" if cuda else "default"
@@ -167,6 +171,9 @@ def main() -> int:
                 "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True})}
     if a.with_act_only:
         variants["int8-fused-act"] = (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": "act"})
+    if a.with_residual:
+        variants["int8-fused-act-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": "act", "fuse_residual": True})
     if a.with_layout_opt:
         variants["int8-fused-act-lo"] = (copy.deepcopy(qmodel), oasr_backend,
                                          {"fuse_quantization": "act", "force_layout_optimization": True})
@@ -180,7 +187,7 @@ def main() -> int:
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()
-            before = len(fuse_quant.fuse_log())
+            before, before_res = len(fuse_quant.fuse_log()), len(residual_log())
             if backend == "inductor":
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
@@ -199,8 +206,12 @@ def main() -> int:
                     "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
                     "act_quant": sum(r.act_quant for r in reps),
                     "unfused": [u for r in reps for u in r.unfused][:20]}
+            if residual_log()[before_res:]:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
+                rr = residual_log()[before_res:]
+                res.setdefault("residual", {})[name] = {"fused": sum(r.fused for r in rr),
+                                                        "unfused": [u for r in rr for u in r.unfused][:20]}
             print(name, res["first_call_s"][name], res["accuracy"][name], res.get("fusion", {}).get(name),
-                  flush=True)
+                  res.get("residual", {}).get(name, ""), flush=True)
             fns[name] = fn
             res["round_ms"][name] = []
         for r in range(a.rounds if cuda else 0):
