@@ -359,18 +359,15 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _extra_args(extra) -> tuple:
-    """The launcher's two arguments after bias, and whether they suit the kernel: out_scale's pointer and its
-    per-row flag (None, 0 without one); a scale broadcast needs no alignment."""
+def _extra_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
     return None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1), True
 
 
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str,
                 variant: str | None = None, fallback=None, extra_args=_extra_args):
     """The launch of one kernel; `variant` / `fallback` override the op's kernel variant and its torch run (the
-    activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant); `extra_args(extra)`
-    the launcher's two arguments after bias and whether their pointer is aligned (the residual op, residual.py:
-    the residual's pointer and alpha)."""
+    activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant); `extra_args`, the
+    launcher's arguments after bias (residual.py: the residual's pointer and alpha)."""
     try:
         lane = lane_of(cfg, arch, FAMILY)
     except ConfigError as e:
@@ -378,8 +375,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     if op == "scaled_mm_quant" and cfg.kernel_schedule == "streamk":
         raise ValueError(f"oasr.scaled_mm_quant: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
     if op == "scaled_mm_residual" and cfg.kernel_schedule == "streamk":
-        raise ValueError(f"oasr.scaled_mm_residual: {cfg.id} is a Stream-K tile; there is no residual-epilogue "
-                         "Stream-K kernel")
+        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no residual-epilogue Stream-K kernel")
     reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
