@@ -84,6 +84,7 @@ def _check(a, w, sa, sw, b, r, alpha, dtype, config):
 
 @pytest.mark.parametrize("cfg,dtype", [(c.id, torch.float16) for c in TILES] + [(LANE.default.id, torch.bfloat16)])
 def test_every_tile_odd_m_bias_alpha(cfg, dtype):
+    reset_plans()  # `served()` below: only this test's plans
     for i, m in enumerate(MS):
         for n, k in ((512, 2048), (520, 272)):  # the Conformer M fc2 shape; partial N and K tiles
             a, w, sa, sw, b, r = _inputs(m, n, k, dtype, seed=m + n, bias=i % 2 == 0)
