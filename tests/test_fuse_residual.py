@@ -194,3 +194,18 @@ def test_off_by_default_and_the_option_is_checked():
     with pytest.raises(Exception, match=r"fuse_residual'\] must be True or False"):
         with torch.no_grad():
             torch.compile(model, backend=oasr_backend, options={"fuse_residual": "yes"})(x)
+
+
+def test_dynamic_shapes_fuse_and_match_eager():
+    torch.manual_seed(5)
+    model = _quantized(Residual(form="scaled_left"))
+    before = len(fuse_residual.residual_log())
+    fn = torch.compile(model, backend=oasr_backend, options={"fuse_residual": True}, dynamic=True)
+    with torch.no_grad():
+        for t in (5, 9, 13):
+            x = torch.randn(2, t, 64, dtype=torch.float16)
+            out, ref = fn(x), model(x)
+            assert out.shape == ref.shape
+            assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * ref.float().abs().max().item()
+    reps = fuse_residual.residual_log()[before:]
+    assert reps and all(r.fused == 1 and not r.unfused for r in reps)  # symbolic M: fused all the same
