@@ -209,3 +209,19 @@ def test_dynamic_shapes_fuse_and_match_eager():
             assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * ref.float().abs().max().item()
     reps = fuse_residual.residual_log()[before:]
     assert reps and all(r.fused == 1 and not r.unfused for r in reps)  # symbolic M: fused all the same
+
+
+def test_conformer_with_every_linear_int8_fuses_attention_and_conv_module_adds_too():
+    """Without `fusable_filter` the attention out-projection and pointwise2 are int8 as well: their adds
+    (``x + mhsa(x)``, ``x + conv(x)``, alpha 1) fuse like the FFNs' (alpha 0.5)."""
+    from examples.conformer import build_model, example_inputs
+
+    torch.manual_seed(0)
+    model = build_model("S", num_layers=1, dtype="fp16").eval()
+    x, = example_inputs(batch=2, frames=64)
+    q = oasr_ops.quantize_(model, "int8_w8a8")
+    _out, gm, rep = _dynamo_graph(q, x, act=False)
+    assert (rep.fused, rep.alphas) == (4, [0.5, 1.0, 1.0, 0.5])
+    # the frontend's output projection plus the positional table (15, 256), broadcast over the batch: left alone
+    assert len(rep.unfused) == 1 and "is not exactly the output's (2, 15, 256)" in rep.unfused[0], rep.unfused
+    assert len(_calls(gm.graph, OPS.scaled_mm_residual)) == 4
