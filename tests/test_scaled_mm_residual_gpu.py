@@ -1,8 +1,8 @@
 """`oasr::scaled_mm_residual` on the GPU (H200): the ``fp16_res`` / ``bf16_res`` epilogue variants of every
-data-parallel sm90 int8 tile against the reference (bit for bit: the same rounding order) and a float64 check,
+data-parallel sm90 int8 tile against the reference (bit for bit: the same rounding order) and float64,
 odd M, partial N / K tiles, bias or not, alpha 0.5 / 1.0 / other, per-token / per-tensor scales, poisoned outputs,
-an unaligned residual (served by torch), a Stream-K request, CUDA-graph capture, and a compiled FFN block with the residual fused
-(reduce-overhead).
+an unaligned residual (served by torch), a Stream-K request, CUDA-graph capture, and a compiled FFN block with
+the residual fused (reduce-overhead).
 
 Run: ``pytest -m gpu tests/test_scaled_mm_residual_gpu.py`` (device step ``resid-gpu`` prebuilds the kernels).
 """

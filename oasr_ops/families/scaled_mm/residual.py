@@ -115,6 +115,9 @@ _PLANS = PlanCache()
 def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
     arch = ops._current_arch(None) or "sm80"
     sig = ops.signature("scaled_mm", n, k)
+    concrete = config != "auto" and config not in SENTINELS and ":" not in config  # not a region table either
+    if concrete and parse(config).kernel_schedule == "streamk":
+        config = ops.heuristic_config(m, n, k, arch)  # a Stream-K id asked for: the plan names the tile that runs
 
     def torch_run(_sentinel):
         return lambda a, w, sa, sw, bias, extra: reference_scaled_mm_residual(a, w, sa, sw, bias, extra[0], extra[1],
