@@ -154,6 +154,12 @@ def main() -> int:
     p.add_argument("--host-profile", type=int, default=0,
                    help="cProfile N back-to-back calls of each variant (after the timed rounds) and keep the top "
                         "functions by own time: where the host time per call goes")
+    p.add_argument("--with-residual", action="store_true",
+                   help="also time int8-fused-act-res: int8-fused-act with the residual add in fc2's epilogue "
+                        "(options fuse_residual=True, oasr.scaled_mm_residual)")
+    p.add_argument("--with-all-res", action="store_true",
+                   help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
+                        "fuse_quantization=True and fuse_residual=True")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
     p.add_argument("--profile-variants", default=None,
@@ -167,6 +173,7 @@ def main() -> int:
     from e2e_compare import _load
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
+    from oasr_ops.inductor.fuse_residual import residual_log
 
     dev, cuda = a.device, a.device == "cuda"
     mode = "reduce-overhead" if cuda else "default"
@@ -201,6 +208,17 @@ def main() -> int:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {})
     if a.with_act_only:
         variants["int8-fused-act"] = (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": "act"})
+    if a.with_residual:
+        variants["int8-fused-act-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": "act", "fuse_residual": True})
+        variants["int8-fused-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                      {"fuse_quantization": True, "fuse_residual": True})
+    if a.with_all_res:
+        # every qualifying Linear int8 (the attention out-projection too: its residual add rides in its epilogue,
+        # its input quantization is a separate pass), calibrated, LayerNorms + fc1 fused, residuals fused
+        allq = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+        oasr_ops.calibrate(allq, calib)
+        variants["int8-all-fused-res"] = (allq, oasr_backend, {"fuse_quantization": True, "fuse_residual": True})
     if a.with_layout_opt:
         variants["int8-fused-act-lo"] = (copy.deepcopy(qmodel), oasr_backend,
                                          {"fuse_quantization": "act", "force_layout_optimization": True})
@@ -214,7 +232,7 @@ def main() -> int:
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()
-            before = len(fuse_quant.fuse_log())
+            before, before_res = len(fuse_quant.fuse_log()), len(residual_log())
             if backend == "inductor":
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
@@ -233,8 +251,12 @@ def main() -> int:
                     "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
                     "act_quant": sum(r.act_quant for r in reps),
                     "unfused": [u for r in reps for u in r.unfused][:20]}
+            if residual_log()[before_res:]:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
+                rr = residual_log()[before_res:]
+                res.setdefault("residual", {})[name] = {"fused": sum(r.fused for r in rr),
+                                                        "unfused": [u for r in rr for u in r.unfused][:20]}
             print(name, res["first_call_s"][name], res["accuracy"][name], res.get("fusion", {}).get(name),
-                  flush=True)
+                  res.get("residual", {}).get(name, ""), flush=True)
             fns[name] = fn
             res["round_ms"][name] = []
         for r in range(a.rounds if cuda else 0):

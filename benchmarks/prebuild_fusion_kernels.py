@@ -7,6 +7,8 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
   `AUTO_BY_WIDTH` serves at the encoders' widths, fp16 (`--lnq auto`, the e2e runs);
 * with `--int8-fp16`: the fp16-output variant of every int8 tile (the int8 layers that are not fused, and the
   calibration's eager forward, resolve to any of them through the DB);
+* with `--residual`: the `fp16_res` variant (`oasr.scaled_mm_residual`, `fuse_residual=True`) of the tiles the
+  fc2 residual sites resolve to (`residual.select_residual_config` at the same FFN shapes) plus the lane default;
 * with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
   --family F --dtypes fp16`), in the same parallel build.
 
@@ -29,6 +31,8 @@ from oasr_ops.runtime import registry
 
 # (N, K, M) of the FFN fc1 sites: Conformer M at B=16 x 10 s, Whisper small at B=8
 ACT_SITES = ((2048, 512, 3984), (3072, 768, 12000))
+# (N, K, M) of the FFN fc2 sites (the residual epilogue), the same models
+RESIDUAL_SITES = ((512, 2048, 3984), (768, 3072, 12000))
 LNQ_WIDTHS = (256, 512, 768, 1024)
 
 
@@ -38,6 +42,7 @@ def main() -> int:
     p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
     p.add_argument("--lnq", choices=("all", "auto"), default="all")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
+    p.add_argument("--residual", action="store_true", help="also the fp16_res variant of the fc2 sites' tiles")
     p.add_argument("--production", default="",
                    help="also these families' production sets, fp16 (comma-separated, e.g. conv1d,conv2d_activation: "
                         "the other oasr kernels the e2e graph loads); a family this checkout lacks is skipped")
@@ -53,6 +58,11 @@ def main() -> int:
     ids = {c for c in ids if c in lane.ids()}
     acts = [s for s in a.acts.split(",") if s]
     specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids) for act in acts]
+    if a.residual:
+        from oasr_ops.families.scaled_mm.residual import select_residual_config
+
+        res_ids = {lane.default.id} | {select_residual_config(n, k, m, "sm90").config for n, k, m in RESIDUAL_SITES}
+        specs += [JitSpec.for_kernel(lane, lane.get(c), "fp16_res", "sm90") for c in sorted(res_ids & set(lane.ids()))]
     if a.int8_fp16:
         specs += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in lane.space]
     for fam in (f for f in a.production.split(",") if f):
