@@ -52,21 +52,25 @@ def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
 
 
-class QuantLinear(nn.Module):
-    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+class CalibratedInput(nn.Module):
+    """A quantized linear layer (int8 `QuantLinear`, fp8 `Fp8QuantLinear`) with buffers ``weight_q``, ``scale_w``,
+    ``bias`` and ``input_scale``: fp32 [1], the calibrated per-tensor scale of the layer's input
+    (`oasr_ops.calibrate`: amax / `input_qmax`), or None. Loads a calibrated state dict into an uncalibrated
+    layer."""
 
-    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
-                 out_dtype: torch.dtype, config: str = "auto") -> None:
-        super().__init__()
+    input_qmax: float = 127.0  # the largest quantized value of the layer's activations (int8: 127; e4m3: 448)
+    scheme: str = SCHEME
+
+    def _init_buffers(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype, config: str) -> None:
         if out_dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
+            raise ValueError(f"{type(self).__name__}: out_dtype must be float16 or bfloat16, got {out_dtype}")
         self.out_features, self.in_features = weight_q.shape
         self.out_dtype = out_dtype
         self.config = config
         self.register_buffer("weight_q", weight_q)
         self.register_buffer("scale_w", scale_w)
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
-        # fp32 [1]: the calibrated per-tensor scale of this layer's input (`oasr_ops.calibrate`), or None
         self.register_buffer("input_scale", None)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # a calibrated state dict
@@ -74,6 +78,20 @@ class QuantLinear(nn.Module):
         if key in state_dict and self.input_scale is None:
             self.input_scale = torch.empty_like(state_dict[key], device=self.weight_q.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={self.scheme}, "
+                f"calibrated={self.input_scale is not None}")
+
+
+class QuantLinear(CalibratedInput):
+    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, config: str = "auto") -> None:
+        super().__init__()
+        self._init_buffers(weight_q, scale_w, bias, out_dtype, config)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
@@ -85,11 +103,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
                                 self.input_scale)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}, "
-                f"calibrated={self.input_scale is not None}")
 
 
 def quantize_module(model: nn.Module, config: str = "auto",
