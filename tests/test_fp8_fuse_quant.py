@@ -171,6 +171,12 @@ def test_sm89_has_no_activation_epilogue():
     assert sel.config == "torch" and sel.signature == "scaled_mm_fp8|op=scaled_mm_fp8_quant|N=2048|K=512"
 
 
+def test_an_sm89_config_is_refused_by_the_plan():
+    # the CUDA path's plan (what a call with an sm89 config id builds on a GPU), built here without one
+    with pytest.raises(ValueError, match="without an activation epilogue"):
+        act_quant._make_plan(SM89.default.id, "gelu", 64, 256, 128)
+
+
 def test_untuned_selection_is_a_tile_of_the_lane_not_torch():
     sel = act_quant.select_act_quant_config(2048, 512, 3984, "sm90")
     plain = oasr_ops.families.scaled_mm_fp8.ops.select_quant_config(2048, 512, 3984, "sm90")
