@@ -82,7 +82,7 @@ def _operands(m, n, k, seed):
 
 def _min_equal(cfg_id: str) -> float:
     # FastAccum keeps ~13-14 bits of the running sum: more values cross an e4m3 rounding boundary
-    return 0.995 if cfg_id.endswith("_fa") or "_fa_" in cfg_id else 0.999
+    return 0.98 if cfg_id.endswith("_fa") or "_fa_" in cfg_id else 0.999
 
 
 @pytest.mark.parametrize("act", ACTS)
