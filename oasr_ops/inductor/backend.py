@@ -22,6 +22,8 @@ non-default):
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
   calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}`` (off by default until it pays: docs/perf/e2e.md);
   ``"act"`` fuses only GEMM -> activation -> quantization and leaves the LayerNorms' quantization to Inductor.
+  fp8 graphs (``"fp8_w8a8"``, either form) get GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant`; their LayerNorms'
+  quantization always stays with Inductor (no fp8 layer_norm_quant: ``True`` warns once and acts as ``"act"``).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
