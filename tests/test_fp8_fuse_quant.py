@@ -23,7 +23,7 @@ from oasr_ops.configs import parse
 from oasr_ops.families.scaled_mm_fp8 import act_quant
 from oasr_ops.families.scaled_mm_fp8.lanes import SM89_FP8_MMA as SM89
 from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as SM90
-from oasr_ops.families.scaled_mm_fp8.reference import FP8, quantize_per_token_fp8, quantize_weight_fp8
+from oasr_ops.families.scaled_mm_fp8.reference import FP8, e4m3_steps, quantize_per_token_fp8, quantize_weight_fp8
 from oasr_ops.inductor import fuse_quant
 from oasr_ops.inductor.backend import oasr_backend
 
@@ -47,16 +47,8 @@ def _expected(a, w, sa, sw, bias, out_scale, act):
     return (y / out_scale.double().reshape(-1, 1)).clamp(-448, 448).to(FP8)
 
 
-def _ordinal(q: torch.Tensor) -> torch.Tensor:
-    """e4m3fn values as consecutive integers (sign-magnitude -> two's complement; +0 and -0 both 0): neighbouring
-    representable values differ by 1."""
-    bits = q.view(torch.uint8).to(torch.int32)
-    mag = bits & 0x7F
-    return torch.where(bits & 0x80 != 0, -mag, mag)
-
-
 def _assert_within_one_step(got, want, min_equal=0.99):
-    d = (_ordinal(got) - _ordinal(want)).abs()
+    d = e4m3_steps(got, want)
     assert d.max().item() <= 1, d.max().item()
     assert (d == 0).float().mean().item() >= min_equal
 
@@ -84,6 +76,12 @@ def test_per_row_out_scale_and_leading_dims():
     q = oasr_ops.scaled_mm_fp8_act_quant(a.reshape(3, 4, 48), w, sa, sw, out_scale, "silu")
     assert q.shape == (3, 4, 32)
     _assert_within_one_step(q.reshape(12, 32), _expected(a, w, sa, sw, None, out_scale, "silu"))
+
+
+def test_e4m3_steps_counts_representable_values():
+    v = torch.tensor([0.0, -0.0, 448.0, -448.0, 1.0, 1.125, -0.001953125], dtype=torch.float32).to(FP8)
+    w = torch.tensor([-0.0, 0.001953125, 416.0, 448.0, 1.125, 1.0, 0.001953125], dtype=torch.float32).to(FP8)
+    assert e4m3_steps(v, w).tolist() == [0, 1, 1, 252, 1, 1, 2]
 
 
 def test_activation_tails_and_saturation():

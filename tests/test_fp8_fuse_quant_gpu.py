@@ -28,8 +28,8 @@ import oasr_ops  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8.act_quant import reference_scaled_mm_fp8_act_quant  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8.lanes import SM89_FP8_MMA, SM90_FP8_WGMMA, summation_order  # noqa: E402
-from oasr_ops.families.scaled_mm_fp8.reference import (FP8, acc64, epilogue_fp32, quantize_per_token_fp8,  # noqa: E402
-                                                       quantize_weight_fp8)
+from oasr_ops.families.scaled_mm_fp8.reference import (FP8, acc64, e4m3_steps, epilogue_fp32,  # noqa: E402
+                                                       quantize_per_token_fp8, quantize_weight_fp8)
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -57,16 +57,9 @@ def _poison():
     del small, large
 
 
-def _ordinal(q: torch.Tensor) -> torch.Tensor:
-    """e4m3fn values as consecutive integers (+0 and -0 both 0): neighbouring representable values differ by 1."""
-    bits = q.view(torch.uint8).to(torch.int32)
-    mag = bits & 0x7F
-    return torch.where(bits & 0x80 != 0, -mag, mag)
-
-
 def _check(got, want, min_equal):
     assert not torch.isnan(got.float()).any(), "unwritten (poisoned) or NaN output"
-    d = (_ordinal(got) - _ordinal(want)).abs()
+    d = e4m3_steps(got, want)
     assert d.max().item() <= 1, f"{d.max().item()} e4m3 steps apart"
     assert (d == 0).float().mean().item() >= min_equal, (d == 0).float().mean().item()
 
