@@ -28,12 +28,14 @@ import torch
 
 from ..autograd import inference_only
 from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation
+# a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
+from ..scaled_mm.ops import _check_out_scale_values as check_out_scale
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
 from ...runtime.registry import native_lane
 from . import ops
 from .heuristic import heuristic_config
-from .reference import FP8, acc64, check, check_positive, epilogue_fp32, rows, to_fp8
+from .reference import FP8, acc64, check, epilogue_fp32, rows, to_fp8
 
 OP = "scaled_mm_fp8_act_quant"
 DB_OP = "scaled_mm_fp8_quant"  # the tiles, the DB op and the signature of the quantizing op
@@ -68,7 +70,7 @@ def _layout(a, w, scale_a, scale_w, bias, out_scale) -> None:
 def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     _layout(a, w, scale_a, scale_w, bias, out_scale)
-    check_positive(OP, "out_scale", out_scale)
+    check_out_scale(out_scale, OP)
     return reference_scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
 
 
@@ -127,7 +129,7 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
 def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     _layout(a, w, scale_a, scale_w, bias, out_scale)
-    check_positive(OP, "out_scale", out_scale)
+    check_out_scale(out_scale, OP)
     n, k = w.shape
     m = rows(a, k)
     if m == 0:
