@@ -9,6 +9,10 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
              `calibrate` on --calib-batches fresh inputs -> backend="oasr" (fusion pass: LayerNorm ->
              oasr.layer_norm_quant, fc1 -> oasr.scaled_mm_act_quant -> fc2)
   int8-all   (--with-unfused) every qualifying layer int8, fusion pass off: the pre-issue-15 int8 path
+--quantization fp8_w8a8: the same with e4m3 (`quantize_(model, "fp8_w8a8")`): fp8-fused-act (the fusable layers,
+  calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2; there is no fp8
+  layer_norm_quant, so no fp8 counterpart of int8-fused) and, with --with-unfused, fp8-all (every qualifying layer
+  fp8, fusion pass off). --with-act-only / --with-layout-opt are int8 variants.
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
@@ -165,6 +169,8 @@ def main() -> int:
     p.add_argument("--profile-variants", default=None,
                    help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
                         "plus fp16 with --profile-fp16)")
+    p.add_argument("--quantization", choices=("int8_w8a8", "fp8_w8a8"), default="int8_w8a8",
+                   help="fp8_w8a8: time fp8-fused-act (and fp8-all with --with-unfused) instead of the int8 variants")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -195,10 +201,11 @@ def main() -> int:
     t0 = time.perf_counter()
     flt = oasr_ops.fusable_filter(copy.deepcopy(model), *x)
     torch.compiler.reset()
-    qmodel = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
+    fp8 = a.quantization == "fp8_w8a8"
+    qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=flt)
     calib = [tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=100 + i)) for i in range(a.calib_batches)]
     scales = oasr_ops.calibrate(qmodel, calib)
-    n_int8 = sum(isinstance(m, oasr_ops.QuantLinear) for m in qmodel.modules())
+    n_int8 = sum(isinstance(m, oasr_ops.Fp8QuantLinear if fp8 else oasr_ops.QuantLinear) for m in qmodel.modules())
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     print(f"int8 layers: {n_int8} of {n_lin} linears; {len(scales)} calibrated ({time.perf_counter() - t0:.1f}s)",
           flush=True)
@@ -225,9 +232,16 @@ def main() -> int:
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
+    if fp8:  # the fp8 variants replace the int8 ones (docstring)
+        variants = {"fp16": variants["fp16"],
+                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"})}
+        if a.with_unfused:
+            variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
+                                   {"fuse_quantization": False})
     fns, res = {}, {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "model": a.model, "model_args": margs, "inputs": iargs,
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
+                    "quantization": a.quantization,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
@@ -277,7 +291,8 @@ def main() -> int:
             summary[n] = {"median_ms": med, "spread_pct": 100 * (max(ts) - min(ts)) / med,
                           "host_call_ms": statistics.median(res["host_call_ms"][n]),
                           "pipelined_ms": statistics.median(res["pipelined_ms"][n])}
-        summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
+        if "int8-fused" in summary:
+            summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
         for n in fns:
             if n not in ("fp16", "int8-fused"):
                 summary[f"fp16_over_{n}"] = summary["fp16"]["median_ms"] / summary[n]["median_ms"]

@@ -10,7 +10,11 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
 * with `--residual`: the `fp16_res` variant (`oasr.scaled_mm_residual`, `fuse_residual=True`) of the tiles the
   fc2 residual sites resolve to (`residual.select_residual_config` at the same FFN shapes) plus the lane default;
 * with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
-  --family F --dtypes fp16`), in the same parallel build.
+  --family F --dtypes fp16`), in the same parallel build;
+* with `--fp8-acts gelu,silu`: the fp8 `fp8_<act>` epilogue variants (op `scaled_mm_fp8_act_quant`) of the sm90
+  tiles the fp8 act-quant sites resolve to plus the lane default (`--fp8-tiles sites`), or of every data-parallel
+  tile (`--fp8-tiles all`: the GPU tests); `--fp8-fp16`: the fp16-output kernels of the fp8 production set (the
+  unfused fp8 layers and the calibration's eager forward). `--acts '' --lnq none` leaves the int8 kernels out.
 
   OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
@@ -36,11 +40,31 @@ RESIDUAL_SITES = ((512, 2048, 3984), (768, 3072, 12000))
 LNQ_WIDTHS = (256, 512, 768, 1024)
 
 
+def fp8_specs(acts: list[str], tiles: str, fp16: bool) -> list[JitSpec]:
+    """The fp8 act-quant kernels (module docstring) and, with `fp16`, the fp8 production set's fp16 kernels."""
+    from oasr_ops.families.scaled_mm_fp8.act_quant import select_act_quant_config
+    from oasr_ops.families.scaled_mm_fp8.kernels import production_configs
+
+    lane = registry.native_lane("sm90", "scaled_mm_fp8")
+    if tiles == "all":
+        chosen = [c.id for c in lane.data_parallel()]
+    else:
+        chosen = sorted({lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES})
+    out = [JitSpec.for_kernel(lane, lane.get(c), f"fp8_{act}", "sm90") for c in chosen if c in lane.ids()
+           for act in acts]
+    if fp16:
+        out += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in production_configs("sm90")]
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
-    p.add_argument("--lnq", choices=("all", "auto"), default="all")
+    p.add_argument("--lnq", choices=("all", "auto", "none"), default="all")
+    p.add_argument("--fp8-acts", default="", help="fp8 activation variants to build (comma-separated)")
+    p.add_argument("--fp8-tiles", choices=("sites", "all"), default="sites")
+    p.add_argument("--fp8-fp16", action="store_true", help="also the fp16-output kernels of the fp8 production set")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
     p.add_argument("--residual", action="store_true", help="also the fp16_res variant of the fc2 sites' tiles")
     p.add_argument("--production", default="",
@@ -50,6 +74,8 @@ def main() -> int:
     if a.lnq == "all":
         specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
                  for t, v in itertools.product(THREADS_PER_ROW, VECS) for dt in (torch.float16, torch.bfloat16)]
+    elif a.lnq == "none":
+        specs = []
     else:
         configs = {auto_config(n) for n in LNQ_WIDTHS} - {None}
         specs = [spec_for(c, torch.float16, "int8", "90a") for c in sorted(configs, key=lambda c: c.id)]
@@ -73,6 +99,7 @@ def main() -> int:
             continue
         if prebuild is not None:
             specs += prebuild("sm90", dtypes=("fp16",))
+    specs += fp8_specs([s for s in a.fp8_acts.split(",") if s], a.fp8_tiles, a.fp8_fp16)
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)
     print(report.summary())

@@ -25,6 +25,8 @@ non-default):
 * ``options={"fuse_residual": True}`` (opt-in, off by default): an int8 GEMM whose output is only added to the
   residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``) becomes one `oasr.scaled_mm_residual` call, the add in
   the GEMM's epilogue (`fuse_residual`); independent of ``fuse_quantization``, applied after it.
+  fp8 graphs (``"fp8_w8a8"``, either form) get GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant`; their LayerNorms'
+  quantization always stays with Inductor (no fp8 layer_norm_quant: ``True`` warns once and acts as ``"act"``).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not

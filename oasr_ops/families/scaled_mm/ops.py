@@ -230,8 +230,9 @@ _lib.impl("quantize_per_token_calibrated", lambda x, calibrated_scale: _quantize
 _CHECKED_OUT_SCALES = WeakIdKeyDictionary()
 
 
-def _check_out_scale_values(out_scale: torch.Tensor) -> None:
-    """ValueError unless every out_scale is finite and > 0 (a NaN or 0 would quantize to garbage or zeros).
+def _check_out_scale_values(out_scale: torch.Tensor, op: str = "scaled_mm_quant") -> None:
+    """ValueError (naming `oasr.<op>`) unless every out_scale is finite and > 0 (a NaN or 0 would quantize to
+    garbage or zeros). Shared with the fp8 act-quant op.
 
     Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
     torch.compile traces (there the values are not inspectable), and a tensor already checked and not modified
@@ -246,7 +247,7 @@ def _check_out_scale_values(out_scale: torch.Tensor) -> None:
     if seen is not None and _CHECKED_OUT_SCALES.get(out_scale) == seen:
         return
     if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
-        raise ValueError("oasr.scaled_mm_quant: out_scale must be finite and > 0 everywhere, got "
+        raise ValueError(f"oasr.{op}: out_scale must be finite and > 0 everywhere, got "
                          f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
     if seen is not None:
         _CHECKED_OUT_SCALES[out_scale] = seen

@@ -52,31 +52,35 @@ def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
 
 
-class QuantLinear(nn.Module):
-    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations.
+class CalibratedInput(nn.Module):
+    """A quantized linear layer (int8 `QuantLinear`, fp8 `Fp8QuantLinear`).
 
-    Buffers: ``weight_q`` (int8 [N, K]), ``scales`` (fp32 [N + 1]: the per-channel weight scales, then the
-    calibrated input scale) and ``bias``. `scale_w` and `input_scale` are views of ``scales``: a compiled model
-    fetches every buffer of every layer from the module tree on each call (Dynamo's prologue, ~0.5 us a tensor on
-    the CPU; the GPU idles meanwhile in a synchronous call), so one buffer instead of two saves that per layer
-    (docs/perf/e2e.md, "Host time per call"). State dicts of the earlier layout (``scale_w``, ``input_scale``)
-    load too."""
+    Buffers: ``weight_q`` ([N, K]), ``scales`` (fp32 [N + 1]: the per-channel weight scales, then the calibrated
+    per-tensor input scale) and ``bias``. `scale_w` and `input_scale` are views of ``scales``; ``input_scale`` is
+    the layer input's calibrated scale (`oasr_ops.calibrate`: amax / `input_qmax`), or None. Why one buffer: a
+    compiled model fetches every buffer of every layer from the module tree on each call (Dynamo's prologue; the
+    GPU idles meanwhile in a synchronous call), so fewer tensors per layer is less host time per call
+    (`benchmarks/dynamo_prologue.py`, docs/perf/e2e.md). State dicts of the earlier layout (``scale_w``,
+    ``input_scale``) load too."""
 
-    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
-                 out_dtype: torch.dtype, config: str = "auto") -> None:
-        super().__init__()
+    input_qmax: float = 127.0  # the largest quantized value of the layer's activations (int8: 127; e4m3: 448)
+    scheme: str = SCHEME
+
+    def _init_buffers(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype, config: str) -> None:
         if out_dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
+            raise ValueError(f"{type(self).__name__}: out_dtype must be float16 or bfloat16, got {out_dtype}")
         self.out_features, self.in_features = weight_q.shape
         if tuple(scale_w.shape) != (self.out_features,):
-            raise ValueError(f"QuantLinear: scale_w must have shape ({self.out_features},), got {tuple(scale_w.shape)}")
+            raise ValueError(f"{type(self).__name__}: scale_w must have shape ({self.out_features},), "
+                             f"got {tuple(scale_w.shape)}")
         self.out_dtype = out_dtype
         self.config = config
         self.register_buffer("weight_q", weight_q)
         self.register_buffer("scales", torch.cat([scale_w.detach().float().reshape(-1),
                                                   scale_w.new_ones(1, dtype=torch.float32)]))
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
-        # whether scales[N] holds a calibrated input scale (`oasr_ops.calibrate`); a Python bool Dynamo guards on
+        # whether scales[N] holds a calibrated input scale; a Python bool Dynamo guards on
         self.calibrated = False
 
     @property
@@ -94,7 +98,8 @@ class QuantLinear(nn.Module):
             self.calibrated = False
             return
         if value.numel() != 1:
-            raise ValueError(f"QuantLinear.input_scale: one value per tensor, got shape {tuple(value.shape)}")
+            raise ValueError(f"{type(self).__name__}.input_scale: one value per tensor, got shape "
+                             f"{tuple(value.shape)}")
         with torch.no_grad():
             self.scales[self.out_features:].copy_(value.reshape(1))
         self.calibrated = True
@@ -115,6 +120,20 @@ class QuantLinear(nn.Module):
             state_dict.setdefault(prefix + "_extra_state", {"calibrated": scale_in is not None})
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={self.scheme}, "
+                f"calibrated={self.input_scale is not None}")
+
+
+class QuantLinear(CalibratedInput):
+    """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, config: str = "auto") -> None:
+        super().__init__()
+        self._init_buffers(weight_q, scale_w, bias, out_dtype, config)
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
         wq, sw = quantize_weight(linear.weight)
@@ -125,11 +144,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
                                 self.input_scale)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}, "
-                f"calibrated={self.input_scale is not None}")
 
 
 def quantize_module(model: nn.Module, config: str = "auto",
