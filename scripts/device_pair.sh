@@ -11,7 +11,7 @@ SRC=$PWD
 for g in 0 1; do
     steps=$([ $g = 0 ] && echo "$1" || echo "$2")
     [ -z "$steps" ] && continue
-    mkdir -p /tmp/pair/g$g/tmp /tmp/pair/out/g$g
+    rm -rf /tmp/pair/out/g$g && mkdir -p /tmp/pair/g$g/tmp /tmp/pair/out/g$g  # results of this call only
     rm -rf /tmp/pair/g$g/repo && cp -r "$SRC" /tmp/pair/g$g/repo
     # shellcheck disable=SC2086
     ( cd /tmp/pair/g$g/repo && CUDA_VISIBLE_DEVICES=$g TMPDIR=/tmp/pair/g$g/tmp OUT=/tmp/pair/out/g$g \
