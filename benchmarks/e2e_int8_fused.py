@@ -9,6 +9,10 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
              `calibrate` on --calib-batches fresh inputs -> backend="oasr" (fusion pass: LayerNorm ->
              oasr.layer_norm_quant, fc1 -> oasr.scaled_mm_act_quant -> fc2)
   int8-all   (--with-unfused) every qualifying layer int8, fusion pass off: the pre-issue-15 int8 path
+--quantization fp8_w8a8: the same with e4m3 (`quantize_(model, "fp8_w8a8")`): fp8-fused-act (the fusable layers,
+  calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2; there is no fp8
+  layer_norm_quant, so no fp8 counterpart of int8-fused) and, with --with-unfused, fp8-all (every qualifying layer
+  fp8, fusion pass off). --with-act-only / --with-layout-opt are int8 variants.
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
@@ -24,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -104,6 +109,31 @@ def call_overheads_ms(fn, x, iters: int) -> tuple[float, float]:
     return statistics.median(host), s.elapsed_time(e) / iters
 
 
+def host_profile(fn, x, calls: int, top: int = 30) -> dict:
+    """cProfile of `calls` back-to-back calls (one sync at the end): the functions with the most own time, and
+    the total host ms per call the profiler saw (inflated by cProfile's own cost; compare variants, not absolutes)."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(*x)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(((v[2], v[3], v[1], f"{Path(k[0]).name}:{k[1]}({k[2]})") for k, v in stats.stats.items()),
+                  reverse=True)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    return {"calls": calls, "ms_per_call": 1e3 * stats.total_tt / calls,
+            "top_own": [{"own_ms_per_call": 1e3 * t / calls, "cum_ms_per_call": 1e3 * c / calls,
+                         "ncalls_per_call": n / calls, "where": w} for t, c, n, w in rows[:top]],
+            "cumulative": buf.getvalue()[-6000:]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -122,11 +152,25 @@ def main() -> int:
     p.add_argument("--with-act-only", action="store_true",
                    help="also time int8-fused-act: the same int8 layers, only GEMM+activation fused (the LayerNorms' "
                         "quantization left to Inductor, which fuses it with the LayerNorm and the residual add)")
+    p.add_argument("--with-fp16-oasr", action="store_true",
+                   help="also time fp16 with backend='oasr' (no quantization): separates what int8 adds from what "
+                        "oasr's fp16 rewrites (conv module, frontend) already give")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="cProfile N back-to-back calls of each variant (after the timed rounds) and keep the top "
+                        "functions by own time: where the host time per call goes")
+    p.add_argument("--with-residual", action="store_true",
+                   help="also time int8-fused-act-res: int8-fused-act with the residual add in fc2's epilogue "
+                        "(options fuse_residual=True, oasr.scaled_mm_residual)")
+    p.add_argument("--with-all-res", action="store_true",
+                   help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
+                        "fuse_quantization=True and fuse_residual=True")
     p.add_argument("--profile", type=int, default=0, help="profile N calls of int8-fused (no CUDA graphs)")
     p.add_argument("--profile-fp16", action="store_true", help="with --profile: also fp16 inductor")
     p.add_argument("--profile-variants", default=None,
                    help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
                         "plus fp16 with --profile-fp16)")
+    p.add_argument("--quantization", choices=("int8_w8a8", "fp8_w8a8"), default="int8_w8a8",
+                   help="fp8_w8a8: time fp8-fused-act (and fp8-all with --with-unfused) instead of the int8 variants")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -135,6 +179,7 @@ def main() -> int:
     from e2e_compare import _load
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
+    from oasr_ops.inductor.fuse_residual import residual_log
 
     dev, cuda = a.device, a.device == "cuda"
     mode = "reduce-overhead" if cuda else "default"
@@ -156,31 +201,52 @@ def main() -> int:
     t0 = time.perf_counter()
     flt = oasr_ops.fusable_filter(copy.deepcopy(model), *x)
     torch.compiler.reset()
-    qmodel = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
+    fp8 = a.quantization == "fp8_w8a8"
+    qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=flt)
     calib = [tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=100 + i)) for i in range(a.calib_batches)]
     scales = oasr_ops.calibrate(qmodel, calib)
-    n_int8 = sum(isinstance(m, oasr_ops.QuantLinear) for m in qmodel.modules())
+    n_int8 = sum(isinstance(m, oasr_ops.Fp8QuantLinear if fp8 else oasr_ops.QuantLinear) for m in qmodel.modules())
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     print(f"int8 layers: {n_int8} of {n_lin} linears; {len(scales)} calibrated ({time.perf_counter() - t0:.1f}s)",
           flush=True)
     variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
                 "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True})}
+    if a.with_fp16_oasr:
+        variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {})
     if a.with_act_only:
         variants["int8-fused-act"] = (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": "act"})
+    if a.with_residual:
+        variants["int8-fused-act-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": "act", "fuse_residual": True})
+        variants["int8-fused-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                      {"fuse_quantization": True, "fuse_residual": True})
+    if a.with_all_res:
+        # every qualifying Linear int8 (the attention out-projection too: its residual add rides in its epilogue,
+        # its input quantization is a separate pass), calibrated, LayerNorms + fc1 fused, residuals fused
+        allq = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+        oasr_ops.calibrate(allq, calib)
+        variants["int8-all-fused-res"] = (allq, oasr_backend, {"fuse_quantization": True, "fuse_residual": True})
     if a.with_layout_opt:
         variants["int8-fused-act-lo"] = (copy.deepcopy(qmodel), oasr_backend,
                                          {"fuse_quantization": "act", "force_layout_optimization": True})
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
+    if fp8:  # the fp8 variants replace the int8 ones (docstring)
+        variants = {"fp16": variants["fp16"],
+                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"})}
+        if a.with_unfused:
+            variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
+                                   {"fuse_quantization": False})
     fns, res = {}, {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "model": a.model, "model_args": margs, "inputs": iargs,
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
+                    "quantization": a.quantization,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()
-            before = len(fuse_quant.fuse_log())
+            before, before_res = len(fuse_quant.fuse_log()), len(residual_log())
             if backend == "inductor":
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
@@ -199,8 +265,12 @@ def main() -> int:
                     "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
                     "act_quant": sum(r.act_quant for r in reps),
                     "unfused": [u for r in reps for u in r.unfused][:20]}
+            if residual_log()[before_res:]:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
+                rr = residual_log()[before_res:]
+                res.setdefault("residual", {})[name] = {"fused": sum(r.fused for r in rr),
+                                                        "unfused": [u for r in rr for u in r.unfused][:20]}
             print(name, res["first_call_s"][name], res["accuracy"][name], res.get("fusion", {}).get(name),
-                  flush=True)
+                  res.get("residual", {}).get(name, ""), flush=True)
             fns[name] = fn
             res["round_ms"][name] = []
         for r in range(a.rounds if cuda else 0):
@@ -212,6 +282,8 @@ def main() -> int:
                 res.setdefault("pipelined_ms", {}).setdefault(name, []).append(piped)
             print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms (host {res['host_call_ms'][n][-1]:.3f},"
                                              f" pipelined {res['pipelined_ms'][n][-1]:.3f})" for n in fns), flush=True)
+        if a.host_profile and cuda:  # inside no_grad: a call with grad on would recompile (and fail: no backward)
+            res["host_profile"] = {n: host_profile(fns[n], x, a.host_profile) for n in fns}
     if cuda:
         summary = {}
         for n, ts in res["round_ms"].items():
@@ -219,7 +291,8 @@ def main() -> int:
             summary[n] = {"median_ms": med, "spread_pct": 100 * (max(ts) - min(ts)) / med,
                           "host_call_ms": statistics.median(res["host_call_ms"][n]),
                           "pipelined_ms": statistics.median(res["pipelined_ms"][n])}
-        summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
+        if "int8-fused" in summary:
+            summary["fp16_over_int8_fused"] = summary["fp16"]["median_ms"] / summary["int8-fused"]["median_ms"]
         for n in fns:
             if n not in ("fp16", "int8-fused"):
                 summary[f"fp16_over_{n}"] = summary["fp16"]["median_ms"] / summary[n]["median_ms"]

@@ -7,8 +7,14 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
   `AUTO_BY_WIDTH` serves at the encoders' widths, fp16 (`--lnq auto`, the e2e runs);
 * with `--int8-fp16`: the fp16-output variant of every int8 tile (the int8 layers that are not fused, and the
   calibration's eager forward, resolve to any of them through the DB);
+* with `--residual`: the `fp16_res` variant (`oasr.scaled_mm_residual`, `fuse_residual=True`) of the tiles the
+  fc2 residual sites resolve to (`residual.select_residual_config` at the same FFN shapes) plus the lane default;
 * with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
-  --family F --dtypes fp16`), in the same parallel build.
+  --family F --dtypes fp16`), in the same parallel build;
+* with `--fp8-acts gelu,silu`: the fp8 `fp8_<act>` epilogue variants (op `scaled_mm_fp8_act_quant`) of the sm90
+  tiles the fp8 act-quant sites resolve to plus the lane default (`--fp8-tiles sites`), or of every data-parallel
+  tile (`--fp8-tiles all`: the GPU tests); `--fp8-fp16`: the fp16-output kernels of the fp8 production set (the
+  unfused fp8 layers and the calibration's eager forward). `--acts '' --lnq none` leaves the int8 kernels out.
 
   OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
@@ -29,15 +35,38 @@ from oasr_ops.runtime import registry
 
 # (N, K, M) of the FFN fc1 sites: Conformer M at B=16 x 10 s, Whisper small at B=8
 ACT_SITES = ((2048, 512, 3984), (3072, 768, 12000))
+# (N, K, M) of the FFN fc2 sites (the residual epilogue), the same models
+RESIDUAL_SITES = ((512, 2048, 3984), (768, 3072, 12000))
 LNQ_WIDTHS = (256, 512, 768, 1024)
+
+
+def fp8_specs(acts: list[str], tiles: str, fp16: bool) -> list[JitSpec]:
+    """The fp8 act-quant kernels (module docstring) and, with `fp16`, the fp8 production set's fp16 kernels."""
+    from oasr_ops.families.scaled_mm_fp8.act_quant import select_act_quant_config
+    from oasr_ops.families.scaled_mm_fp8.kernels import production_configs
+
+    lane = registry.native_lane("sm90", "scaled_mm_fp8")
+    if tiles == "all":
+        chosen = [c.id for c in lane.data_parallel()]
+    else:
+        chosen = sorted({lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES})
+    out = [JitSpec.for_kernel(lane, lane.get(c), f"fp8_{act}", "sm90") for c in chosen if c in lane.ids()
+           for act in acts]
+    if fp16:
+        out += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in production_configs("sm90")]
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
-    p.add_argument("--lnq", choices=("all", "auto"), default="all")
+    p.add_argument("--lnq", choices=("all", "auto", "none"), default="all")
+    p.add_argument("--fp8-acts", default="", help="fp8 activation variants to build (comma-separated)")
+    p.add_argument("--fp8-tiles", choices=("sites", "all"), default="sites")
+    p.add_argument("--fp8-fp16", action="store_true", help="also the fp16-output kernels of the fp8 production set")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
+    p.add_argument("--residual", action="store_true", help="also the fp16_res variant of the fc2 sites' tiles")
     p.add_argument("--production", default="",
                    help="also these families' production sets, fp16 (comma-separated, e.g. conv1d,conv2d_activation: "
                         "the other oasr kernels the e2e graph loads); a family this checkout lacks is skipped")
@@ -45,6 +74,8 @@ def main() -> int:
     if a.lnq == "all":
         specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
                  for t, v in itertools.product(THREADS_PER_ROW, VECS) for dt in (torch.float16, torch.bfloat16)]
+    elif a.lnq == "none":
+        specs = []
     else:
         configs = {auto_config(n) for n in LNQ_WIDTHS} - {None}
         specs = [spec_for(c, torch.float16, "int8", "90a") for c in sorted(configs, key=lambda c: c.id)]
@@ -53,6 +84,11 @@ def main() -> int:
     ids = {c for c in ids if c in lane.ids()}
     acts = [s for s in a.acts.split(",") if s]
     specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids) for act in acts]
+    if a.residual:
+        from oasr_ops.families.scaled_mm.residual import select_residual_config
+
+        res_ids = {lane.default.id} | {select_residual_config(n, k, m, "sm90").config for n, k, m in RESIDUAL_SITES}
+        specs += [JitSpec.for_kernel(lane, lane.get(c), "fp16_res", "sm90") for c in sorted(res_ids & set(lane.ids()))]
     if a.int8_fp16:
         specs += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in lane.space]
     for fam in (f for f in a.production.split(",") if f):
@@ -63,6 +99,7 @@ def main() -> int:
             continue
         if prebuild is not None:
             specs += prebuild("sm90", dtypes=("fp16",))
+    specs += fp8_specs([s for s in a.fp8_acts.split(",") if s], a.fp8_tiles, a.fp8_fp16)
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)
     print(report.summary())

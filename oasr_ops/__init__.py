@@ -12,9 +12,11 @@ from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,
 from .families.conv2d_activation.ops import conv2d_activation  # noqa: F401,E402
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .families.scaled_mm.act_quant import scaled_mm_act_quant  # noqa: F401,E402
+from .families.scaled_mm.residual import scaled_mm_residual  # noqa: F401,E402
 from .families.scaled_mm.calibrate import calibrate  # noqa: F401,E402
 from .families.layer_norm_quant.ops import layer_norm_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.ops import quantize_fp8, scaled_mm_fp8, scaled_mm_fp8_quant  # noqa: F401,E402
+from .families.scaled_mm_fp8.act_quant import scaled_mm_fp8_act_quant  # noqa: F401,E402
 from .inductor.fuse_quant import fusable_filter  # noqa: F401,E402
 from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantLinear,  # noqa: F401,E402
                        quantization_report, quantize_)

@@ -200,6 +200,56 @@ def test_calibration_round_trips_through_the_state_dict():
         oasr_ops.calibrate(q, [])
 
 
+def test_quant_linear_state_dict_of_the_earlier_layout_loads():
+    """`scale_w` / `input_scale` were separate buffers before they were packed into `scales`: such a checkpoint
+    loads into the packed layout with the same values and the same calibration state."""
+    model = Block().half().eval()
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    oasr_ops.calibrate(q, [x])
+    old = {}
+    for k, v in q.state_dict().items():
+        name, _, leaf = k.rpartition(".")
+        layer = q.get_submodule(name) if name else q
+        if not isinstance(layer, oasr_ops.QuantLinear) or leaf in ("weight_q", "bias"):
+            old[k] = v
+        elif leaf == "scales":
+            old[f"{name}.scale_w"] = layer.scale_w.clone()
+            if layer.input_scale is not None:
+                old[f"{name}.input_scale"] = layer.input_scale.clone()
+    assert not any(k.endswith("scales") or k.endswith("_extra_state") for k in old)
+    fresh = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    fresh.load_state_dict(old)  # strict
+    for name in ("fc1", "fc2"):
+        a, b = getattr(fresh, name), getattr(q, name)
+        assert torch.equal(a.scale_w, b.scale_w) and torch.equal(a.input_scale, b.input_scale)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), q(x))
+
+
+def test_calibrated_quant_linear_is_three_graph_inputs():
+    """Host time per call grows with the tensors a compiled model fetches from its modules (docs/perf/e2e.md):
+    a calibrated layer brings its int8 weight, one fp32 buffer (weight scales + input scale) and its bias."""
+    lin = nn.Linear(64, 32).half()
+    q = oasr_ops.quantize_(nn.Sequential(lin), "int8_w8a8")
+    x = torch.randn(3, 64, dtype=torch.float16)
+    oasr_ops.calibrate(q, [x])
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append([n for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(q, backend=capture)(x)
+    assert len(seen) == 1 and len(seen[0]) == 1 + 3  # x, weight_q, scales, bias
+    q[0].input_scale = None
+    assert q[0].input_scale is None and "calibrated=False" in repr(q[0])
+    with pytest.raises(ValueError, match="one value per tensor"):
+        q[0].input_scale = torch.ones(2)
+
+
 def test_fuse_quantization_act_only_leaves_the_layer_norm_to_inductor():
     torch.manual_seed(0)
     model = Block(act=nn.SiLU).to(torch.float16).eval()

@@ -15,7 +15,10 @@ row-major M x N, fp32 accumulation.
 * 2.x (`sm89_fp8_mma`): `emit_int8.emit_visitor_kernel` (the 2.x EVT kernel) around an Sm89 e4m3 operation
   (m16n8k32 mma.sync, fp32 accumulation).
 
-Kernel "dtype" = the output: ``fp16`` / ``bf16`` (op `scaled_mm_fp8`) or ``fp8`` (op `scaled_mm_fp8_quant`).
+Kernel "dtype" = the output: ``fp16`` / ``bf16`` (op `scaled_mm_fp8`) or ``fp8`` (op `scaled_mm_fp8_quant`), or
+``fp8_<act>`` (op `scaled_mm_fp8_act_quant`: GELU / SiLU between the bias and the e4m3 quantization, the fast-math
+activation the int8 sm90 template has, `templates/_act_fast.cuh.j2`; sm90 only: the sm89 2.x lane has no activation
+epilogue and refuses these variants).
 """
 from __future__ import annotations
 
@@ -24,11 +27,15 @@ from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOper
 
 from ..configs import Config
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
-from .emit_int8 import SMM_ABI_VERSION, emit_visitor_kernel
+from .emit_int8 import ACTIVATIONS, SMM_ABI_VERSION, emit_visitor_kernel
 from .templates import ABI_VERSION
 from .templates import environment as _env
 
 OUT_DTYPES = ("fp16", "bf16", "fp8")
+# Quantizing variants with an activation before the e4m3 quantization (op `scaled_mm_fp8_act_quant`): ``fp8_<act>``,
+# the int8 family's activations (the same template snippet).
+ACT_VARIANTS = tuple(f"fp8_{a}" for a in ACTIVATIONS)
+VARIANTS = OUT_DTYPES + ACT_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "fp8": L.DataType.e4m3}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "fp8": 16}  # 128-bit stores
 _OPERAND_ALIGN = 16  # e4m3 elements per 128-bit load
@@ -107,14 +114,19 @@ def promotion_interval(cfg: Config) -> int:
     return max(4, -(-kb // 4) * 4)
 
 
-def render_scaled_mm_fp8(lane, config: Config, dtype: str) -> str:
-    """The full translation unit of one scaled_mm_fp8 kernel."""
-    if dtype not in OUT_DTYPES:
-        raise ValueError(f"dtype {dtype!r} not supported by {lane.name} (output dtypes {', '.join(OUT_DTYPES)})")
+def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
+    """The full translation unit of one scaled_mm_fp8 kernel. `variant`: an output dtype, or ``fp8_<act>`` (sm90
+    only; the other variants render byte-identically, the activation is a template branch of its own)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"dtype {variant!r} not supported by {lane.name} (variants {', '.join(VARIANTS)})")
+    dtype, _, act = variant.partition("_")
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if dtype == "fp8" and config.kernel_schedule == "streamk":
         raise ValueError(f"{config.id}: there is no quantizing (fp8-output) Stream-K kernel")
+    if act and config.generation != "3x":
+        raise ValueError(f"{lane.name} has no activation epilogue: the {variant} variant (op scaled_mm_fp8_act_quant) "
+                         "exists for the sm90 lane only")
     if config.generation == "3x":
         emitted = emit_sm90_fp8(config, dtype)
     else:
@@ -122,8 +134,9 @@ def render_scaled_mm_fp8(lane, config: Config, dtype: str) -> str:
     return _env().get_template(lane.template).render(
         lane=lane.name,
         config_id=config.id,
-        dtype=dtype,
+        dtype=variant,
         quant=dtype == "fp8",
+        act=act,
         swap=config.swap_ab,
         fast_accum=config.fast_accum,
         swizzle=config.swizzle,

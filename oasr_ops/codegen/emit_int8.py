@@ -11,7 +11,9 @@ K x N operand), D row-major M x N; int32 accumulation.
   library's type tags), in the form cutlass_cppgen emits for a 2.x EVT: `DefaultGemmWithVisitor`.
 
 Kernel "dtype" of this family = the output: ``fp16`` / ``bf16`` (op `scaled_mm`) or ``int8`` (op
-`scaled_mm_quant`, the output divided by out_scale, rounded half-to-even and saturated to int8).
+`scaled_mm_quant`, the output divided by out_scale, rounded half-to-even and saturated to int8), or a variant of
+them: ``int8_<act>`` (op `scaled_mm_act_quant`) and ``<fp16|bf16>_res`` (op `scaled_mm_residual`: the residual
+read as the GEMM's C operand, ``out = residual + alpha * y``; sm90 lane only, data-parallel tiles only).
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ from .templates import environment as _env
 OUT_DTYPES = ("fp16", "bf16", "int8")
 # Quantizing variants with an activation before the quantization (op `scaled_mm_act_quant`): ``int8_<act>``.
 ACTIVATIONS = ("gelu", "silu")
-VARIANTS = OUT_DTYPES + tuple(f"int8_{a}" for a in ACTIVATIONS)
+# Residual variants (op `scaled_mm_residual`): ``<fp16|bf16>_res``, the residual stream added in the epilogue.
+RESIDUAL_SUFFIX = "_res"
+RESIDUAL_VARIANTS = tuple(f"{d}{RESIDUAL_SUFFIX}" for d in ("fp16", "bf16"))
+VARIANTS = OUT_DTYPES + tuple(f"int8_{a}" for a in ACTIVATIONS) + RESIDUAL_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "int8": 16}  # 128-bit stores
 _OPERAND_ALIGN = 16  # int8 elements per 128-bit load
@@ -36,6 +41,8 @@ ELEMENT_BIAS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8"
 
 # Version of the scaled_mm C launcher (`oasr_smm_*`), checked by the loader in oasr_ops/scaled_mm.py.
 SMM_ABI_VERSION = 1
+# Version of the residual variants' launcher (`oasr_smmr_*`: the residual pointer and alpha added), same loader.
+SMMR_ABI_VERSION = 1
 
 
 def _tensor(dtype: L.DataType, layout: L.LayoutType, align: int) -> L.TensorDescription:
@@ -47,7 +54,9 @@ def _check(out_dtype: str) -> None:
         raise ValueError(f"scaled_mm kernels output one of {OUT_DTYPES}, not {out_dtype!r}")
 
 
-def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> GemmOperation:
+def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT",
+                   residual: bool = False) -> GemmOperation:
+    """`residual`: C is the residual stream (D's type and layout, read by TMA in the epilogue), else void."""
     _check(out_dtype)
     math = L.MathInstruction([64, cfg.tile[1], 32], L.DataType.s8, L.DataType.s8, L.DataType.s32,
                              L.OpcodeClass.TensorOp, L.MathOperation.multiply_add)
@@ -59,7 +68,8 @@ def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
         L.GemmKind.Universal3x, 90, tile,
         _tensor(L.DataType.s8, L.LayoutType.RowMajor, _OPERAND_ALIGN),
         _tensor(L.DataType.s8, L.LayoutType.ColumnMajor, _OPERAND_ALIGN),
-        _tensor(L.DataType.void, L.LayoutType.RowMajor, _D_ALIGN[out_dtype]),  # no C: scales/bias are EVT inputs
+        # no C (scales/bias are EVT inputs), except for the residual variants: C = the residual, like D
+        _tensor(d if residual else L.DataType.void, L.LayoutType.RowMajor, _D_ALIGN[out_dtype]),
         L.DataType.f32,
         epilogue_functor=NamedEpilogue(epilogue_type),
         D=_tensor(d, L.LayoutType.RowMajor, _D_ALIGN[out_dtype]),
@@ -69,9 +79,10 @@ def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
     )
 
 
-def emit_sm90_int8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> EmittedKernel:
+def emit_sm90_int8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT",
+                   residual: bool = False) -> EmittedKernel:
     """A CUTLASS 3.x int8 TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
-    op = sm90_operation(cfg, out_dtype, epilogue_type)
+    op = sm90_operation(cfg, out_dtype, epilogue_type, residual)
     emitter = EmitGemmUniversal3xInstance()
     emitter.epilogue_functor = op.epilogue_functor  # cutlass_library 4.2 reads it from the emitter
     return EmittedKernel(op.procedural_name(), emitter.emit(op), tuple(emitter.includes))
@@ -160,17 +171,25 @@ def emit_visitor_kernel(op: GemmOperation, epilogue_type: str) -> EmittedKernel:
 
 def render_scaled_mm(lane, config: Config, variant: str) -> str:
     """The full translation unit of one scaled_mm kernel (`render.render` dispatches here by lane family).
-    `variant`: an output dtype, or ``int8_<act>`` (activation, then quantization: the existing variants render
-    byte-identically, the activation is a branch of the template of its own)."""
+    `variant`: an output dtype, ``int8_<act>`` (activation, then quantization) or ``<fp16|bf16>_res`` (residual
+    add); each variant is a branch of the template of its own, the plain variants render byte-identically."""
     if variant not in VARIANTS:
         raise ValueError(f"dtype {variant!r} not supported by {lane.name} (variants {', '.join(VARIANTS)})")
+    residual = variant in RESIDUAL_VARIANTS
     dtype, _, act = variant.partition("_")
+    if residual:
+        act = ""
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if dtype == "int8" and config.kernel_schedule == "streamk":
         raise ValueError(f"{config.id}: there is no quantizing (int8-output) Stream-K kernel")
+    if residual and config.generation != "3x":
+        raise ValueError(f"{lane.name}: no residual-epilogue variant ({variant}) in the 2.x lane; "
+                         "oasr.scaled_mm_residual runs its torch composite there")
+    if residual and config.kernel_schedule == "streamk":
+        raise ValueError(f"{config.id}: there is no residual-epilogue Stream-K kernel (data-parallel tiles only)")
     if config.generation == "3x":
-        emitted = emit_sm90_int8(config, dtype)
+        emitted = emit_sm90_int8(config, dtype, residual=residual)
     else:
         emitted = emit_sm80_int8(config, dtype)
     return _env().get_template(lane.template).render(
@@ -179,6 +198,7 @@ def render_scaled_mm(lane, config: Config, variant: str) -> str:
         dtype=variant,
         quant=dtype == "int8",
         act=act,
+        residual=residual,
         element_d=ELEMENT_D[dtype],
         element_bias=ELEMENT_BIAS[dtype],
         tile=list(config.tile),
@@ -189,4 +209,5 @@ def render_scaled_mm(lane, config: Config, variant: str) -> str:
         operation_name=emitted.operation_name,
         abi_version=ABI_VERSION,
         smm_abi_version=SMM_ABI_VERSION,
+        smmr_abi_version=SMMR_ABI_VERSION,
     )

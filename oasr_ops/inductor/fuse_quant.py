@@ -2,7 +2,8 @@
 
 Both int8 paths reach the backend with the same node structure (``quantize_`` models through `QuantLinear`, the
 ``options={"quantization": ...}`` path through `quantize_pass`): ``reshape -> contiguous ->
-oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``. Two rewrites:
+oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``; both fp8 paths the same with
+``oasr.quantize_per_token_fp8[_calibrated]`` and ``oasr.scaled_mm_fp8``. Two rewrites:
 
 1. LayerNorm -> quantize: ``layer_norm(x)`` whose output (through views) feeds per-token quantizations becomes one
    ``oasr.layer_norm_quant(x)``: one read of x writes the int8 row and its scale; every quantizing consumer of that
@@ -10,7 +11,14 @@ oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``. Two rewrite
    consumer other than a quantization reads it (``normalized=True``).
 2. GEMM -> activation -> quantize: ``scaled_mm(...) -> gelu|silu -> quantize_per_token_calibrated(., s)`` (fc1 ->
    act -> fc2 with fc2 calibrated) becomes ``oasr.scaled_mm_act_quant(..., out_scale=s, act)``: the int8 hidden
-   comes out of fc1's epilogue and fc2 reads it with ``scale_a = s``; the fp16 hidden is never written.
+   comes out of fc1's epilogue and fc2 reads it with ``scale_a = s``; the fp16 hidden is never written. fp8:
+   ``scaled_mm_fp8 -> gelu|silu -> quantize_per_token_fp8_calibrated(., s)`` becomes
+   ``oasr.scaled_mm_fp8_act_quant`` (e4m3 hidden, fc2's ``scaled_mm_fp8`` reads it with ``scale_a = s``).
+
+There is no fp8 LayerNorm -> quantize op: an fp8 LayerNorm's quantization stays in the graph for Inductor, which
+fuses it with the LayerNorm and the residual add (for int8 that measured faster than `layer_norm_quant`:
+docs/perf/e2e.md). ``layer_norms=True`` on a graph with fp8 layers therefore does rewrite 2 only for them, with
+one warning (`FP8_LAYER_NORM_WARNING`), as ``"act"`` would.
 
 Why on Dynamo's graph (before AOTAutograd) rather than as a post-grad pattern: there LayerNorm, GELU/SiLU, the
 reshapes and our ops are single nodes; post-grad, LayerNorm and the composite quantization are decomposed into
@@ -21,20 +29,34 @@ hashed into `OasrRewritePass.uuid` as well (`rewrite._family_sources`).
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from .quant_patterns import (_QUANT, _QUANT_CAL, _SCALED_MM, _activation, _is_view, _layer_norm_args,  # noqa: F401
-                             fusable_linears, restore_rows, through_views)
+from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
+                             _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, fusable_linears, restore_rows,
+                             through_views)
+
+# calibrated quantization -> (the GEMMs whose activated output it may absorb, the fused op): int8, fp8
+_ACT_QUANT_RULES = (
+    (_QUANT_CAL, _SCALED_MM, torch.ops.oasr.scaled_mm_act_quant.default),
+    (_QUANT_FP8_CAL, _SCALED_MM_FP8, torch.ops.oasr.scaled_mm_fp8_act_quant.default),
+)
+_ALL_QUANTS = _QUANT | _QUANT_CAL | _QUANT_FP8 | _QUANT_FP8_CAL
+FP8_LAYER_NORM_WARNING = (
+    "fuse_quantization=True with fp8 layers: there is no fp8 layer_norm_quant, so their LayerNorms' per-token "
+    "quantization is left to Inductor (which fuses it with the LayerNorm and the residual add) and only "
+    "GEMM -> GELU/SiLU -> quantization is fused, as with fuse_quantization='act'")
 
 
 @dataclass
 class FuseReport:
     layer_norm_quant: int = 0   # LayerNorms served by oasr.layer_norm_quant
     quant_consumers: int = 0    # quantizations those absorbed
-    act_quant: int = 0          # GEMM -> activation -> quantization chains served by oasr.scaled_mm_act_quant
+    act_quant: int = 0          # GEMM -> activation -> quantization chains served by oasr.scaled_mm[_fp8]_act_quant
     unfused: list[str] = field(default_factory=list)  # quantizations left as they were, and why
+    fp8_layer_norms_to_inductor: int = 0  # fp8 LayerNorm quantizations left to Inductor under layer_norms=True
 
 
 def _getitems(q: torch.fx.Node) -> dict[int, torch.fx.Node]:
@@ -96,12 +118,14 @@ def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep
 def _fuse_act_quant(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: FuseReport) -> None:
     g = gm.graph
     for q in quants:
-        if q.target not in _QUANT_CAL:
+        rule = next((r for r in _ACT_QUANT_RULES if q.target in r[0]), None)
+        if rule is None:
             continue
+        _cal, gemms, fused_op = rule
         act_node = through_views(q.args[0])
         act = _activation(act_node)
         gemm = through_views(act_node.args[0]) if act else None
-        if not (isinstance(gemm, torch.fx.Node) and gemm.op == "call_function" and gemm.target in _SCALED_MM):
+        if not (isinstance(gemm, torch.fx.Node) and gemm.op == "call_function" and gemm.target in gemms):
             continue
         if not (_chain_users_only_lead_to(act_node, {q}) and _chain_users_only_lead_to(gemm, {act_node})):
             rep.unfused.append(f"{q.name}: the {act} output or its GEMM's output has another consumer")
@@ -111,8 +135,7 @@ def _fuse_act_quant(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: 
         out_scale = q.args[1]
         with g.inserting_before(q):
             bias32 = g.call_method("float", (bias,)) if bias is not None else None
-            h = g.call_function(torch.ops.oasr.scaled_mm_act_quant.default,
-                                (a, w, sa, sw, bias32, out_scale, act, config))
+            h = g.call_function(fused_op, (a, w, sa, sw, bias32, out_scale, act, config))
             h_rows = g.call_method("reshape", (h, -1, g.call_method("size", (h, -1))))
         items = _getitems(q)
         if 0 in items:
@@ -133,24 +156,32 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     """Apply both rewrites to `gm` in place (module docstring); returns what was fused. `layer_norms=False`: only
     the GEMM -> activation -> quantize rewrite; a LayerNorm's quantization stays for Inductor, which fuses it into
     one kernel with the LayerNorm and the residual add before it (`oasr.layer_norm_quant`, an opaque op, ends
-    that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md)."""
+    that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md). fp8 quantizations after a
+    LayerNorm are always left to Inductor (no fp8 layer_norm_quant; with `layer_norms`, warned once:
+    `FP8_LAYER_NORM_WARNING`)."""
     rep = FuseReport()
     _LOG.append(rep)
     del _LOG[:-64]
-    quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _QUANT | _QUANT_CAL]
+    quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     if not quants:
         return rep
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
-        _fuse_layer_norms(gm, quants, rep)
+        _fuse_layer_norms(gm, [q for q in quants if q.target in _QUANT | _QUANT_CAL], rep)
     gm.graph.eliminate_dead_code()
-    left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _QUANT | _QUANT_CAL]
+    left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     for n in left:
         producer = through_views(n.args[0])
-        if not layer_norms and _layer_norm_args(producer) is not None:
-            continue  # left to Inductor on purpose
+        if _layer_norm_args(producer) is not None:
+            fp8 = n.target in _QUANT_FP8 | _QUANT_FP8_CAL
+            if fp8 and layer_norms:
+                rep.fp8_layer_norms_to_inductor += 1
+            if fp8 or not layer_norms:
+                continue  # left to Inductor on purpose
         rep.unfused.append(f"{n.name}: producer {getattr(producer, 'name', '?')} is not a "
                            "LayerNorm, nor a GEMM + GELU/SiLU with a calibrated scale")
+    if rep.fp8_layer_norms_to_inductor:
+        warnings.warn(FP8_LAYER_NORM_WARNING, UserWarning, stacklevel=2)
     gm.graph.lint()
     gm.recompile()
     return rep

@@ -1,4 +1,4 @@
-"""Graph patterns shared by the int8 passes (`quantize_pass`, `fuse_quant`): what a quantized linear's input
+"""Graph patterns shared by the int8 / fp8 passes (`quantize_pass`, `fuse_quant`): what a quantized linear's input
 quantization can be fused into, seen on Dynamo's graph (views looked through, LayerNorm and GELU/SiLU nodes,
 `restore_rows`), and which linears int8 pays for."""
 from __future__ import annotations
@@ -15,6 +15,11 @@ def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 _QUANT = {torch.ops.oasr.quantize_per_token, torch.ops.oasr.quantize_per_token.default}
 _QUANT_CAL = {torch.ops.oasr.quantize_per_token_calibrated, torch.ops.oasr.quantize_per_token_calibrated.default}
 _SCALED_MM = {torch.ops.oasr.scaled_mm, torch.ops.oasr.scaled_mm.default}
+# the fp8 e4m3 counterparts (families/scaled_mm_fp8)
+_QUANT_FP8 = {torch.ops.oasr.quantize_per_token_fp8, torch.ops.oasr.quantize_per_token_fp8.default}
+_QUANT_FP8_CAL = {torch.ops.oasr.quantize_per_token_fp8_calibrated,
+                  torch.ops.oasr.quantize_per_token_fp8_calibrated.default}
+_SCALED_MM_FP8 = {torch.ops.oasr.scaled_mm_fp8, torch.ops.oasr.scaled_mm_fp8.default}
 _LAYER_NORMS = {torch.nn.functional.layer_norm, torch.layer_norm}
 _GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
 _SILU = {torch.nn.functional.silu, torch.ops.aten.silu, torch.ops.aten.silu.default}

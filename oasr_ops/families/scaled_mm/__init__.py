@@ -14,6 +14,7 @@ from ...runtime import production, registry
 from . import candidates, heuristic, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from . import act_quant  # noqa: F401  (registers oasr::scaled_mm_act_quant: fc1 -> activation -> int8)
+from . import residual  # noqa: F401  (registers oasr::scaled_mm_residual: residual + alpha * GEMM)
 from .lanes import LANES
 from . import quantize, rewrite  # the int8_w8a8 model transform, the graph matcher
 

@@ -1,18 +1,20 @@
-"""`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 layers, from representative data.
+"""`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 / fp8 layers, from representative data.
 
-Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each `QuantLinear` (a `quantize_`d model)
-or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores
-``scale = max(amax, tiny) / 127`` (fp32 [1]):
+Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each quantized layer (`QuantLinear`,
+`Fp8QuantLinear`: a `quantize_`d model) or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores:
 
-* on a `QuantLinear` (after `quantize_`) as its ``input_scale`` buffer — saved in its state dict, loaded back by a
-  quantized model (`QuantLinear._load_from_state_dict`);
-* for a plain `nn.Linear` (the ``options={"quantization": ...}`` path quantizes in the graph) in a weak table keyed
-  by the layer's weight `nn.Parameter` (`calibrated_scale`), which the in-graph quantization reads.
+* on a quantized layer (after `quantize_`) ``scale = max(amax, tiny) / qmax`` (fp32 [1]; qmax = the layer's
+  `input_qmax`: 127 for int8, 448 for e4m3) as its ``input_scale`` buffer — saved in its state dict, loaded back by
+  a quantized model (`CalibratedInput._load_from_state_dict`);
+* for a plain `nn.Linear` (the ``options={"quantization": ...}`` path quantizes in the graph) the amax, in a weak
+  table keyed by the layer's weight `nn.Parameter`; the in-graph quantization reads it as the scale of its scheme
+  (`calibrated_scale(weight, qmax)`: 127 for int8_w8a8, 448 for fp8_w8a8), so one calibration serves both.
 
 Who uses the scale: only the backend's fusion pass, where a GEMM's output goes through an activation into the next
-int8 GEMM (fc1 -> GELU/SiLU -> fc2): fc1's epilogue quantizes with fc2's calibrated scale
-(`oasr::scaled_mm_act_quant`). Every other quantization stays dynamic per token (LayerNorm outputs through
-`oasr::layer_norm_quant`). Per tensor, not per row: the epilogue cannot see a whole row (N is split over CTAs).
+quantized GEMM (fc1 -> GELU/SiLU -> fc2): fc1's epilogue quantizes with fc2's calibrated scale
+(`oasr::scaled_mm_act_quant`, `oasr::scaled_mm_fp8_act_quant`). Every other quantization stays dynamic per token
+(LayerNorm outputs through `oasr::layer_norm_quant` or Inductor). Per tensor, not per row: the epilogue cannot see
+a whole row (N is split over CTAs).
 """
 from __future__ import annotations
 
@@ -22,39 +24,54 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .quantize import QuantLinear, qualifies
+from .quantize import CalibratedInput, qualifies
 
-# id(weight) -> (weak reference to it, scale); by identity (a WeakKeyDictionary would compare tensors with ==)
+# id(weight) -> (weak reference to it, amax); by identity (a WeakKeyDictionary would compare tensors with ==)
 _BY_WEIGHT: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-QMAX = 127.0
+QMAX = 127.0  # int8
+# The largest quantized value of each scheme's activations: a plain layer's scale is its amax over this.
+QMAX_OF = {"int8_w8a8": 127.0, "fp8_w8a8": 448.0}
 
 
-def calibrated_scale(weight: Any) -> torch.Tensor | None:
-    """The calibrated input scale of the plain `nn.Linear` owning `weight`, or None."""
+def scale_of(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """The per-tensor scale (fp32 [1]) quantizing values up to `amax` onto [-qmax, qmax]."""
+    return (amax.clamp_min(1e-12) / qmax).reshape(1).to(torch.float32)
+
+
+def calibrated_scale(weight: Any, qmax: float = QMAX) -> torch.Tensor | None:
+    """The calibrated input scale (amax / `qmax`: 127 int8, 448 e4m3) of the plain `nn.Linear` owning `weight`,
+    or None."""
     entry = _BY_WEIGHT.get(id(weight))
     if entry is None or entry[0]() is not weight:
         return None
-    return entry[1]
+    return scale_of(entry[1], qmax)
 
 
-def _remember(weight: nn.Parameter, scale: torch.Tensor) -> None:
+def _remember(weight: nn.Parameter, amax: torch.Tensor) -> None:
     key = id(weight)
-    _BY_WEIGHT[key] = (weakref.ref(weight, lambda _r, _k=key: _BY_WEIGHT.pop(_k, None)), scale)
+    _BY_WEIGHT[key] = (weakref.ref(weight, lambda _r, _k=key: _BY_WEIGHT.pop(_k, None)), amax)
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The `QuantLinear`s of a `quantize_`d model; the qualifying `nn.Linear`s of a model that has none."""
-    quant = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
+    """The quantized layers of a `quantize_`d model (int8 and fp8); the qualifying `nn.Linear`s of a model that
+    has none."""
+    quant = [(name, m) for name, m in model.named_modules() if isinstance(m, CalibratedInput)]
     if quant:
         return quant
     return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and qualifies(m)]
 
 
 def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None,
-              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> dict[str, float]:
+              filter_fn: Callable[[nn.Module, str], bool] | None = None,
+              scheme: str = "int8_w8a8") -> dict[str, float]:
     """Record per-tensor input scales (module docstring); returns ``{fqn: scale}``. `batches`: an iterable of
     inputs, each passed as ``model(*b)`` when a tuple/list, ``model(**b)`` when a dict, else ``model(b)`` (or
-    `forward(model, b)`). `filter_fn(module, fqn)` narrows the layers. ValueError when no batch was given."""
+    `forward(model, b)`). `filter_fn(module, fqn)` narrows the layers. `scheme` (``"int8_w8a8"`` or
+    ``"fp8_w8a8"``) only sets the scales *returned* for a plain model's layers (what it stores is the amax,
+    which both schemes read); a quantized layer's scale is its own scheme's. ValueError when no batch was given
+    or for an unknown scheme."""
+    if scheme not in QMAX_OF:
+        raise ValueError(f"calibrate: scheme must be one of {', '.join(QMAX_OF)}, got {scheme!r}")
     amax: dict[str, torch.Tensor] = {}
     hooks = []
     chosen = [(n, m) for n, m in _layers(model) if filter_fn is None or filter_fn(m, n)]
@@ -87,10 +104,11 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
     for name, layer in chosen:
         if name not in amax:
             continue  # not reached by these batches: left dynamic
-        scale = (amax[name].clamp_min(1e-12) / QMAX).reshape(1).to(torch.float32)
-        if isinstance(layer, QuantLinear):
+        if isinstance(layer, CalibratedInput):
+            scale = scale_of(amax[name], layer.input_qmax)
             layer.input_scale = scale.to(layer.weight_q.device)
         else:
-            _remember(layer.weight, scale.to(layer.weight.device))
+            scale = scale_of(amax[name], QMAX_OF[scheme])
+            _remember(layer.weight, amax[name].to(layer.weight.device))
         out[name] = float(scale)
     return out

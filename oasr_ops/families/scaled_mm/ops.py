@@ -78,7 +78,7 @@ FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
 OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 K_ALIGN = 16
-N_ALIGN = {"scaled_mm": 8, "scaled_mm_quant": 16}
+N_ALIGN = {"scaled_mm": 8, "scaled_mm_quant": 16, "scaled_mm_residual": 8}
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define(
@@ -137,9 +137,9 @@ def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None
     m = _rows(a, k)
     _check_vec("scale_a", scale_a, m, "M", a, op)
     _check_vec("scale_w", scale_w, n, "N", a, op)
-    if op == "scaled_mm":
+    if op != "scaled_mm_quant":  # scaled_mm and scaled_mm_residual (residual.py): fp16/bf16 output
         if out_dtype not in OUT_DTYPES:
-            raise ValueError(f"oasr.scaled_mm: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+            raise ValueError(f"oasr.{op}: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
         bias_dtype = out_dtype
     else:
         _check_vec("out_scale", out_scale, m, "M", a, op)
@@ -230,8 +230,9 @@ _lib.impl("quantize_per_token_calibrated", lambda x, calibrated_scale: _quantize
 _CHECKED_OUT_SCALES = WeakIdKeyDictionary()
 
 
-def _check_out_scale_values(out_scale: torch.Tensor) -> None:
-    """ValueError unless every out_scale is finite and > 0 (a NaN or 0 would quantize to garbage or zeros).
+def _check_out_scale_values(out_scale: torch.Tensor, op: str = "scaled_mm_quant") -> None:
+    """ValueError (naming `oasr.<op>`) unless every out_scale is finite and > 0 (a NaN or 0 would quantize to
+    garbage or zeros). Shared with the fp8 act-quant op.
 
     Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
     torch.compile traces (there the values are not inspectable), and a tensor already checked and not modified
@@ -246,7 +247,7 @@ def _check_out_scale_values(out_scale: torch.Tensor) -> None:
     if seen is not None and _CHECKED_OUT_SCALES.get(out_scale) == seen:
         return
     if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
-        raise ValueError("oasr.scaled_mm_quant: out_scale must be finite and > 0 everywhere, got "
+        raise ValueError(f"oasr.{op}: out_scale must be finite and > 0 everywhere, got "
                          f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
     if seen is not None:
         _CHECKED_OUT_SCALES[out_scale] = seen
@@ -359,16 +360,23 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
+def _extra_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
+    return None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1), True
+
+
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str,
-                variant: str | None = None, fallback=None):
+                variant: str | None = None, fallback=None, extra_args=_extra_args):
     """The launch of one kernel; `variant` / `fallback` override the op's kernel variant and its torch run (the
-    activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant)."""
+    activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant); `extra_args`, the
+    launcher's arguments after bias (residual.py: the residual's pointer and alpha)."""
     try:
         lane = lane_of(cfg, arch, FAMILY)
     except ConfigError as e:
         raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
     if op == "scaled_mm_quant" and cfg.kernel_schedule == "streamk":
         raise ValueError(f"oasr.scaled_mm_quant: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
+    if op == "scaled_mm_residual" and cfg.kernel_schedule == "streamk":
+        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no residual-epilogue Stream-K kernel")
     reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
@@ -393,16 +401,16 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     def run_kernel(a, w, sa, sw, bias, extra):
         if expand_scale_w and sw.numel() == 1 and n > 1:
             sw = sw.expand(n).contiguous()
+        x_ptr, x_arg, x_ok = extra_args(extra)
         if (a.data_ptr() % 16 or w.data_ptr() % 16 or sw.data_ptr() % vec_align
-                or (bias is not None and bias.data_ptr() % vec_align)):
+                or (bias is not None and bias.data_ptr() % vec_align) or not x_ok):
             _warn_once(f"oasr.{op}: an operand of {sig} is not aligned for {cfg.id}; using torch for such calls")
             return fallback(a, w, sa, sw, bias, extra)
         out = torch.empty((*a.shape[:-1], n), dtype=out_elt, device=a.device)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
         rc = run_c(a.data_ptr(), w.data_ptr(), sa.data_ptr(), int(sa.numel() != 1 or m == 1),
                    sw.data_ptr(), int(sw.numel() != 1 or n == 1),
-                   None if bias is None else bias.data_ptr(),
-                   None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1),
+                   None if bias is None else bias.data_ptr(), x_ptr, x_arg,
                    out.data_ptr(), m, n, k, None if ws is None else ws.data_ptr(), ws_bytes,
                    torch._C._cuda_getCurrentRawStream(a.get_device()))
         if rc != 0:

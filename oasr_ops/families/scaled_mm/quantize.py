@@ -52,28 +52,87 @@ def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
 
 
-class QuantLinear(nn.Module):
+class CalibratedInput(nn.Module):
+    """A quantized linear layer (int8 `QuantLinear`, fp8 `Fp8QuantLinear`).
+
+    Buffers: ``weight_q`` ([N, K]), ``scales`` (fp32 [N + 1]: the per-channel weight scales, then the calibrated
+    per-tensor input scale) and ``bias``. `scale_w` and `input_scale` are views of ``scales``; ``input_scale`` is
+    the layer input's calibrated scale (`oasr_ops.calibrate`: amax / `input_qmax`), or None. Why one buffer: a
+    compiled model fetches every buffer of every layer from the module tree on each call (Dynamo's prologue; the
+    GPU idles meanwhile in a synchronous call), so fewer tensors per layer is less host time per call
+    (`benchmarks/dynamo_prologue.py`, docs/perf/e2e.md). State dicts of the earlier layout (``scale_w``,
+    ``input_scale``) load too."""
+
+    input_qmax: float = 127.0  # the largest quantized value of the layer's activations (int8: 127; e4m3: 448)
+    scheme: str = SCHEME
+
+    def _init_buffers(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype, config: str) -> None:
+        if out_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{type(self).__name__}: out_dtype must be float16 or bfloat16, got {out_dtype}")
+        self.out_features, self.in_features = weight_q.shape
+        if tuple(scale_w.shape) != (self.out_features,):
+            raise ValueError(f"{type(self).__name__}: scale_w must have shape ({self.out_features},), "
+                             f"got {tuple(scale_w.shape)}")
+        self.out_dtype = out_dtype
+        self.config = config
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("scales", torch.cat([scale_w.detach().float().reshape(-1),
+                                                  scale_w.new_ones(1, dtype=torch.float32)]))
+        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+        # whether scales[N] holds a calibrated input scale; a Python bool Dynamo guards on
+        self.calibrated = False
+
+    @property
+    def scale_w(self) -> torch.Tensor:
+        return self.scales[:self.out_features]
+
+    @property
+    def input_scale(self) -> torch.Tensor | None:
+        """fp32 [1]: the calibrated per-tensor scale of this layer's input, or None (dynamic per token only)."""
+        return self.scales[self.out_features:] if self.calibrated else None
+
+    @input_scale.setter
+    def input_scale(self, value: torch.Tensor | None) -> None:
+        if value is None:
+            self.calibrated = False
+            return
+        if value.numel() != 1:
+            raise ValueError(f"{type(self).__name__}.input_scale: one value per tensor, got shape "
+                             f"{tuple(value.shape)}")
+        with torch.no_grad():
+            self.scales[self.out_features:].copy_(value.reshape(1))
+        self.calibrated = True
+
+    def get_extra_state(self) -> dict:
+        return {"calibrated": self.calibrated}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.calibrated = bool(state.get("calibrated", False))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        old_w, old_in = prefix + "scale_w", prefix + "input_scale"  # the layout before `scales`
+        if old_w in state_dict and prefix + "scales" not in state_dict:
+            scale_in = state_dict.pop(old_in, None)
+            one = state_dict[old_w].new_ones(1, dtype=torch.float32)
+            state_dict[prefix + "scales"] = torch.cat([state_dict.pop(old_w).float().reshape(-1),
+                                                       one if scale_in is None else scale_in.float().reshape(1)])
+            state_dict.setdefault(prefix + "_extra_state", {"calibrated": scale_in is not None})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={self.scheme}, "
+                f"calibrated={self.input_scale is not None}")
+
+
+class QuantLinear(CalibratedInput):
     """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
 
     def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype, config: str = "auto") -> None:
         super().__init__()
-        if out_dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
-        self.out_features, self.in_features = weight_q.shape
-        self.out_dtype = out_dtype
-        self.config = config
-        self.register_buffer("weight_q", weight_q)
-        self.register_buffer("scale_w", scale_w)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
-        # fp32 [1]: the calibrated per-tensor scale of this layer's input (`oasr_ops.calibrate`), or None
-        self.register_buffer("input_scale", None)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # a calibrated state dict
-        key = prefix + "input_scale"
-        if key in state_dict and self.input_scale is None:
-            self.input_scale = torch.empty_like(state_dict[key], device=self.weight_q.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._init_buffers(weight_q, scale_w, bias, out_dtype, config)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "QuantLinear":
@@ -85,11 +144,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quantized_linear(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
                                 self.input_scale)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}, "
-                f"calibrated={self.input_scale is not None}")
 
 
 def quantize_module(model: nn.Module, config: str = "auto",

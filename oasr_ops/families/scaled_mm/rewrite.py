@@ -11,13 +11,15 @@ from typing import Any
 import torch
 
 from ..graph import RewriteContext, bake, static_int
-from . import act_quant, ops
+from . import act_quant, ops, residual
 
 FAMILY = "scaled_mm"
 _CONFIG_ARG = 6  # scaled_mm(a, w, scale_a, scale_w, bias, out_dtype|out_scale, config)
 _BIAS_ARG = 4
 # scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation, config): the quantizing op's tiles
 _CONFIG_ARG_ACT = 7
+# scaled_mm_residual(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config): scaled_mm's tiles
+_CONFIG_ARG_RES = 8
 
 
 # target -> (DB op, the family's selection for it, index of the config argument)
@@ -60,4 +62,5 @@ def rewrite(ctx: RewriteContext) -> None:
         torch.ops.oasr.scaled_mm_quant.default: ("scaled_mm_quant", ops.select_quant_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_act_quant.default: ("scaled_mm_quant", act_quant.select_act_quant_config,
                                                      _CONFIG_ARG_ACT),
+        torch.ops.oasr.scaled_mm_residual.default: ("scaled_mm", residual.select_residual_config, _CONFIG_ARG_RES),
     }, "int8", ops.signature)

@@ -12,7 +12,9 @@ str config) -> Tensor``
     The same GEMM, output quantized to e4m3 for the next GEMM: ``e4m3(clamp(y / out_scale, -448, 448))``;
     bias fp32 ``[N]``; out_scale fp32 ``[1]`` or ``[M]`` (finite, > 0).
 ``oasr::quantize_per_token_fp8(Tensor x) -> (Tensor q, Tensor scale)``
-    Per-token symmetric e4m3 quantization (CompositeImplicitAutograd: Inductor fuses it with x's producer).
+    Per-token symmetric e4m3 quantization (CompositeImplicitAutograd: Inductor fuses it with x's producer);
+    ``quantize_per_token_fp8_calibrated(x, calibrated_scale)`` is the same, carrying a calibrated scale for the
+    fusion pass. ``oasr::scaled_mm_fp8_act_quant``: act_quant.py.
 
 The formula and the checks: `reference.py`. CPU runs the reference; CUDA runs the selected kernel (lanes
 sm90_fp8_wgmma / sm89_fp8_mma) through the int8 family's C launcher, or the ``torch`` arm: torch._scaled_mm
@@ -30,7 +32,8 @@ import torch
 
 from ..autograd import inference_only
 from ...codegen.jit import BuildError, LoadError
-from ...configs import Config, ConfigError
+from ...configs import SENTINELS, Config, ConfigError
+from ...configs import parse as parse_config
 from ...runtime import database as _database
 from ...runtime import select as _select
 from ...runtime.arch import current_arch_family, normalize_arch
@@ -60,6 +63,13 @@ _lib.define(
 )
 _lib.define("quantize_per_token_fp8(Tensor x) -> (Tensor, Tensor)")
 _lib.impl("quantize_per_token_fp8", quantize_per_token_fp8, "CompositeImplicitAutograd")
+# The same dynamic per-token quantization, carrying the input's calibrated per-tensor scale (`oasr_ops.calibrate`)
+# for the backend's fusion pass: where the producer is a GEMM + activation, the pass moves the quantization into
+# that GEMM's epilogue with the calibrated scale (`oasr::scaled_mm_fp8_act_quant`); everywhere else the scale is
+# unused and the quantization stays dynamic per token (inductor/fuse_quant.py).
+_lib.define("quantize_per_token_fp8_calibrated(Tensor x, Tensor calibrated_scale) -> (Tensor, Tensor)")
+_lib.impl("quantize_per_token_fp8_calibrated", lambda x, calibrated_scale: quantize_per_token_fp8(x),
+          "CompositeImplicitAutograd")
 
 
 def _layout(op, a, w, scale_a, scale_w, bias, out_scale=None) -> None:
@@ -181,10 +191,13 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str, lane=None):
+def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str, lane=None,
+                variant: str | None = None, fallback=None):
     """fn(a, w, sa, sw, bias, extra) running `cfg`'s kernel for this shape, or None (warned) where it cannot.
     `lane`: the lane to build from (default: the registered lane holding `cfg`; the probe benchmark passes
-    `lanes.sm90_with_candidates()` to time configs that are not served yet)."""
+    `lanes.sm90_with_candidates()` to time configs that are not served yet). `variant` / `fallback` override the
+    op's kernel variant and its torch run (the activation-quantizing op, act_quant.py, runs the quantizing
+    launcher with its ``fp8_<act>`` variant)."""
     if lane is None:
         try:
             lane = lane_of(cfg, arch, FAMILY)
@@ -196,7 +209,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
         return None
-    dt = kernel_dtype(op, out_dtype)
+    dt = variant or kernel_dtype(op, out_dtype)
     try:
         kern = get_kernel(lane, cfg, dt, arch)
     except (BuildError, LoadError) as e:
@@ -208,7 +221,7 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
         return None
     ws_bytes = int(kern.workspace_size(m, n, k))
     run_c = kern.run
-    fallback = _torch_run(op, out_dtype)
+    fallback = fallback or _torch_run(op, out_dtype)
     two_x = cfg.generation == "2x"  # the 2.x row broadcast loads float4 vectors: no scalar broadcast
     vec_align = 16 if two_x else 4
     out_elt = FP8 if op == "scaled_mm_fp8_quant" else out_dtype
@@ -237,10 +250,22 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
 def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
     arch = _current_arch(None) or "sm90"
     sig = signature(op, n, k)
-    return make_plan(FAMILY, config, m, n, k, arch, sig,
+    plan = make_plan(FAMILY, config, m, n, k, arch, sig,
                      select=lambda: _select.serve_config(FAMILY, op, "fp8", n, k, m, arch),
                      torch_run=lambda _sentinel: _torch_run(op, out_dtype),
                      kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
+    if plan.config == "torch" and out_dtype == torch.float16 and config != "torch":
+        # torch._scaled_mm's rowwise scaling writes bf16 only, so the torch arm writes fp16 through an fp32 GEMM
+        # output and the epilogue in eager ops: three more passes over an fp32 [M, N]. The DB's torch regions
+        # were measured with a bf16 output (the build's), where torch is one call; with fp16 they are not what
+        # was measured, and end to end they made fp8 2.6x slower than fp16 (docs/perf/e2e.md). So for an fp16
+        # output the half-wave heuristic's tile serves where the DB or the untuned policy says torch (only an
+        # explicit config="torch" keeps the torch arm).
+        tile = heuristic_config(m, n, k, arch)
+        run = None if tile in SENTINELS else _kernel_run(op, parse_config(tile), out_dtype, m, n, k, arch, sig)
+        if run is not None:
+            return Plan(tile, plan.tier, sig, run)
+    return plan
 
 
 def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):

@@ -18,13 +18,20 @@ class Fp8W8A8Config:
       kernel: the scaled_mm_fp8 config every quantized layer calls: ``"auto"`` (the tuning DB's scaled_mm_fp8
         entry, else the half-wave heuristic), ``"heuristic"``, ``"torch"`` (torch._scaled_mm), ``"default"`` or
         one config id of the fp8 lane.
+
+      layers: which linears the backend's in-graph quantization converts: ``"all"`` (default) or ``"fusable"``
+        (only those whose input quantization Inductor fuses into a LayerNorm or the fusion pass moves into fc1's
+        epilogue: `Int8W8A8Config.layers`, the same rule).
     """
 
     kernel: str = "auto"
+    layers: str = "all"
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
             raise ValueError(f"Fp8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+        if self.layers not in ("all", "fusable"):
+            raise ValueError(f"Fp8W8A8Config.layers must be 'all' or 'fusable', got {self.layers!r}")
 
 
 register_scheme("fp8_w8a8", Fp8W8A8Config)

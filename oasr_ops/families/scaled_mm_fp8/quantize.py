@@ -14,17 +14,24 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .reference import quantize_weight_fp8
+from ..scaled_mm.quantize import CalibratedInput
+from .reference import FP8_MAX, quantize_weight_fp8
 
 SCHEME = "fp8_w8a8"
 
 
 def quantized_linear_fp8(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Tensor,
-                         bias: torch.Tensor | None, out_dtype: torch.dtype, config: str = "auto") -> torch.Tensor:
-    """`F.linear` of an fp8 W8A8 layer: per-token e4m3 activations, then `oasr::scaled_mm_fp8`."""
+                         bias: torch.Tensor | None, out_dtype: torch.dtype, config: str = "auto",
+                         input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` of an fp8 W8A8 layer: per-token e4m3 activations, then `oasr::scaled_mm_fp8`. Shared by
+    `Fp8QuantLinear` and the backend's `options={"quantization": "fp8_w8a8"}` rewrite. A calibrated `input_scale`
+    ([1], `oasr_ops.calibrate`: amax / 448) rides along for the fusion pass (the op still quantizes per token)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
-    q, scale_a = torch.ops.oasr.quantize_per_token_fp8(x2)
+    if input_scale is None:
+        q, scale_a = torch.ops.oasr.quantize_per_token_fp8(x2)
+    else:
+        q, scale_a = torch.ops.oasr.quantize_per_token_fp8_calibrated(x2, input_scale)
     y = torch.ops.oasr.scaled_mm_fp8(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
     y = y.reshape(*lead, weight_q.shape[0])
     return y if y.dtype == x.dtype else y.to(x.dtype)
@@ -34,20 +41,17 @@ def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 16 == 0 and linear.in_features > 0
 
 
-class Fp8QuantLinear(nn.Module):
-    """An fp8 W8A8 linear layer: e4m3 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+class Fp8QuantLinear(CalibratedInput):
+    """An fp8 W8A8 linear layer: e4m3 weight + fp32 per-channel scale (buffers), dynamic per-token activations;
+    ``input_scale`` (amax / 448) once calibrated (`oasr_ops.calibrate`), saved in the state dict."""
+
+    input_qmax = FP8_MAX
+    scheme = SCHEME
 
     def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype, config: str = "auto") -> None:
         super().__init__()
-        if out_dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"Fp8QuantLinear: out_dtype must be float16 or bfloat16, got {out_dtype}")
-        self.out_features, self.in_features = weight_q.shape
-        self.out_dtype = out_dtype
-        self.config = config
-        self.register_buffer("weight_q", weight_q)
-        self.register_buffer("scale_w", scale_w)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).contiguous())
+        self._init_buffers(weight_q, scale_w, bias, out_dtype, config)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: str = "auto") -> "Fp8QuantLinear":
@@ -57,11 +61,8 @@ class Fp8QuantLinear(nn.Module):
         return cls(wq, sw, linear.bias, out_dtype, config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear_fp8(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, out_dtype={self.out_dtype}, scheme={SCHEME}")
+        return quantized_linear_fp8(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
+                                    self.input_scale)
 
 
 def quantize_module(model: nn.Module, config: str = "auto",

@@ -129,3 +129,13 @@ def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = wf.abs().amax(dim=1).clamp_min(1e-12) / FP8_MAX
     q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.contiguous(), scale.contiguous()
+
+
+def e4m3_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable e4m3fn values apart `a` and `b` are, elementwise (int32; +0 and -0 count as one
+    value): the unit of the act-quant kernels' tolerance against the reference (tests, docs/kernels.md)."""
+    def ordinal(q: torch.Tensor) -> torch.Tensor:  # sign-magnitude bits -> consecutive integers
+        bits = q.view(torch.uint8).to(torch.int32)
+        mag = bits & 0x7F
+        return torch.where(bits & 0x80 != 0, -mag, mag)
+    return (ordinal(a) - ordinal(b)).abs()
