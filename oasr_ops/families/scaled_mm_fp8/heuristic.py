@@ -18,7 +18,7 @@ may pick a FastAccum tile where it wins the gate and the clock), never Stream-K 
   (docs/perf/scaled_mm_fp8.md). The heuristic serves an fp16 output where the DB or the policy says torch.
 
 The first candidate whose CTA count (output tiles, ``ceil(M/tm) * ceil(N/tn)``; swapped for swap-AB tiles)
-reaches half the SMs answers; where none does, the smallest. `heuristic_ids(lane)` (every tile it can answer) is
+reaches half the SMs answers; where none does, the last (the one with the most CTAs). `heuristic_ids(lane)` (every tile it can answer) is
 the family's production extra: those kernels are always built.
 """
 from __future__ import annotations
