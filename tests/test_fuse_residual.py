@@ -75,7 +75,8 @@ def test_conformer_ffn_residuals_fuse_with_alpha_one_half():
 def test_conformer_through_the_backend_matches_the_unfused_graph():
     _model, q, x = _conformer()
     with torch.no_grad():
-        ref = torch.compile(copy.deepcopy(q), backend=oasr_backend, options={"fuse_quantization": "act"})(x)
+        ref = torch.compile(copy.deepcopy(q), backend=oasr_backend,
+                            options={"fuse_quantization": "act", "fuse_residual": False})(x)
         torch.compiler.reset()
         graphs = []
 
@@ -174,7 +175,14 @@ def test_options_quantization_path_fuses_the_same_way():
     assert res.args[6] == 0.5 and isinstance(res.args[8], str) and res.args[8] != "auto"  # the tile was baked
 
 
-def test_off_by_default_and_the_option_is_checked():
+@pytest.mark.parametrize("options,fused", [
+    ({}, False),                                                   # no quantization fusion: off
+    ({"fuse_quantization": "act"}, True),                          # on by default with it
+    ({"fuse_quantization": True}, True),
+    ({"fuse_quantization": "act", "fuse_residual": False}, False),  # explicitly off
+    ({"fuse_residual": True}, True),                               # explicitly on, alone
+])
+def test_default_follows_fuse_quantization(options, fused):
     torch.manual_seed(4)
     model = _quantized(Residual())
     x = torch.randn(2, 5, 64, dtype=torch.float16)
@@ -188,12 +196,17 @@ def test_off_by_default_and_the_option_is_checked():
             return None
 
     with torch.no_grad():
-        torch.compile(model, backend=oasr_backend, options={"post_grad_custom_pre_pass": Capture()})(x)
-    assert not _calls(graphs[-1], OPS.scaled_mm_residual) and _calls(graphs[-1], OPS.scaled_mm)
-    torch.compiler.reset()
+        torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": Capture()})(x)
+    assert bool(_calls(graphs[-1], OPS.scaled_mm_residual)) is fused
+    assert bool(_calls(graphs[-1], OPS.scaled_mm)) is not fused
+
+
+def test_the_option_is_checked():
+    model = _quantized(Residual())
     with pytest.raises(Exception, match=r"fuse_residual'\] must be True or False"):
         with torch.no_grad():
-            torch.compile(model, backend=oasr_backend, options={"fuse_residual": "yes"})(x)
+            torch.compile(model, backend=oasr_backend, options={"fuse_residual": "yes"})(
+                torch.randn(2, 5, 64, dtype=torch.float16))
 
 
 def test_dynamic_shapes_fuse_and_match_eager():
