@@ -12,9 +12,11 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
 * with `--production FAMILIES`: those families' production sets in fp16 (`prebuild_specs`, as `oasr tune prebuild
   --family F --dtypes fp16`), in the same parallel build;
 * with `--fp8-acts gelu,silu`: the fp8 `fp8_<act>` epilogue variants (op `scaled_mm_fp8_act_quant`) of the sm90
-  tiles the fp8 act-quant sites resolve to plus the lane default (`--fp8-tiles sites`), or of every data-parallel
-  tile (`--fp8-tiles all`: the GPU tests); `--fp8-fp16`: the fp16-output kernels of the fp8 production set (the
-  unfused fp8 layers and the calibration's eager forward). `--acts '' --lnq none` leaves the int8 kernels out.
+  tiles the fp8 act-quant sites resolve to plus the lane default (`--fp8-tiles sites`), of every data-parallel
+  tile (`all`) or of the lane default only (`default`); an item `act:TILES` overrides `--fp8-tiles` for that
+  activation (`gelu:all,silu:default`: what tests/test_fp8_fuse_quant_gpu.py runs); `--fp8-fp16`: the fp16-output
+  kernels of the fp8 production set (the unfused fp8 layers and the calibration's eager forward), `--fp8-fp16
+  default` only the lane default's. `--acts '' --lnq none` leaves the int8 kernels out.
 
   OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
@@ -40,20 +42,34 @@ RESIDUAL_SITES = ((512, 2048, 3984), (768, 3072, 12000))
 LNQ_WIDTHS = (256, 512, 768, 1024)
 
 
-def fp8_specs(acts: list[str], tiles: str, fp16: bool) -> list[JitSpec]:
-    """The fp8 act-quant kernels (module docstring) and, with `fp16`, the fp8 production set's fp16 kernels."""
+FP8_TILES = ("sites", "all", "default")
+
+
+def fp8_specs(acts: list[str], tiles: str, fp16: str | bool) -> list[JitSpec]:
+    """The fp8 act-quant kernels (module docstring: `acts` items ``act`` or ``act:TILES``) and the fp16 kernels
+    `fp16` asks for (``production``/True, ``default``, ``none``/False)."""
     from oasr_ops.families.scaled_mm_fp8.act_quant import select_act_quant_config
     from oasr_ops.families.scaled_mm_fp8.kernels import production_configs
 
     lane = registry.native_lane("sm90", "scaled_mm_fp8")
-    if tiles == "all":
-        chosen = [c.id for c in lane.data_parallel()]
-    else:
-        chosen = sorted({lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES})
-    out = [JitSpec.for_kernel(lane, lane.get(c), f"fp8_{act}", "sm90") for c in chosen if c in lane.ids()
-           for act in acts]
-    if fp16:
+
+    def chosen(which: str) -> list[str]:
+        if which == "all":
+            return [c.id for c in lane.data_parallel()]
+        if which == "default":
+            return [lane.default.id]
+        if which != "sites":
+            raise SystemExit(f"--fp8-acts: tiles must be one of {FP8_TILES}, got {which!r}")
+        return sorted({lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES})
+
+    out = []
+    for item in acts:
+        act, _, which = item.partition(":")
+        out += [JitSpec.for_kernel(lane, lane.get(c), f"fp8_{act}", "sm90") for c in chosen(which or tiles)]
+    if fp16 in (True, "production"):
         out += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in production_configs("sm90")]
+    elif fp16 == "default":
+        out.append(JitSpec.for_kernel(lane, lane.default, "fp16", "sm90"))
     return out
 
 
@@ -63,8 +79,9 @@ def main() -> int:
     p.add_argument("--acts", default="gelu,silu", help="activation variants to build (comma-separated)")
     p.add_argument("--lnq", choices=("all", "auto", "none"), default="all")
     p.add_argument("--fp8-acts", default="", help="fp8 activation variants to build (comma-separated)")
-    p.add_argument("--fp8-tiles", choices=("sites", "all"), default="sites")
-    p.add_argument("--fp8-fp16", action="store_true", help="also the fp16-output kernels of the fp8 production set")
+    p.add_argument("--fp8-tiles", choices=FP8_TILES, default="sites")
+    p.add_argument("--fp8-fp16", nargs="?", const="production", default="none",
+                   choices=("none", "default", "production"), help="also the fp16-output kernels of the fp8 production set (or of the lane default only)")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
     p.add_argument("--residual", action="store_true", help="also the fp16_res variant of the fc2 sites' tiles")
     p.add_argument("--production", default="",
