@@ -373,10 +373,9 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
         lane = lane_of(cfg, arch, FAMILY)
     except ConfigError as e:
         raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
-    if op == "scaled_mm_quant" and cfg.kernel_schedule == "streamk":
-        raise ValueError(f"oasr.scaled_mm_quant: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
-    if op == "scaled_mm_residual" and cfg.kernel_schedule == "streamk":
-        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no residual-epilogue Stream-K kernel")
+    no_streamk = {"scaled_mm_quant": "quantizing", "scaled_mm_residual": "residual-epilogue"}.get(op)
+    if no_streamk and cfg.kernel_schedule == "streamk":
+        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no {no_streamk} Stream-K kernel")
     reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
