@@ -39,8 +39,8 @@ STEPS=(
     "fp8-8192|OASR_CUDA_ARCH_LIST=9.0a python3 benchmarks/scaled_mm_fp8_8192.py --jobs 16 --rounds 3 --out \$OUT/fp8_8192.json"
     "fp8-probe|OASR_CUDA_ARCH_LIST=9.0a python3 benchmarks/scaled_mm_fp8_probe.py --jobs 16 --out \$OUT/fp8_probe.json"
     "fp8-between|OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl --out \$OUT/between_fp8.json"
-    "fp8-between-rebuilt|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt.json"
-    "fp8-between-rebuilt-build|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --protocol build --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt_build.json"
+    "fp8-between-rebuilt|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build_v3.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt.json"
+    "fp8-between-rebuilt-build|LOG=\$OUT/fp8_log.jsonl; [ -f \$LOG ] || LOG=benchmarks/logs/sm90_scaled_mm_fp8_build_v3.jsonl; OASR_CUDA_ARCH_LIST=9.0a OASR_TUNE_USER_DB=off python3 benchmarks/db_between_points.py --family scaled_mm_fp8 --dense 3 --protocol build --prebuild-jobs 16 --log \$LOG --out \$OUT/between_fp8_rebuilt_build.json"
     "scaled-mm|python3 benchmarks/scaled_mm.py --out \$OUT/scaled_mm.json --anchors benchmarks/anchors/h200-cublas-baselines.json --reps 7"
     "bmm|python3 benchmarks/bmm.py --out \$OUT/bmm.json --reps 9"
     "e2e|python3 benchmarks/e2e_conformer.py --size M --batch 16 --frames 1000 --iters 20 --backends eager,inductor,oasr,oasr+int8 --quantization int8_w8a8 --out \$OUT/e2e.json"
@@ -90,6 +90,7 @@ STEPS=(
     "fp8-act-quant-bench|python3 benchmarks/act_quant_gemm_fp8.py --jobs 16 --reps 15 --out \$OUT/act_quant_gemm_fp8.json"
     "e2e-fp8-fused-profile|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --quantization fp8_w8a8 --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 1 --iters 20 --profile 3 --profile-variants fp8-fused-act --out \$OUT/e2e_fp8_fused_conformer_M_profile.json"
     "e2e-whisper-int8-res|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --with-residual --with-all-res --out \$OUT/e2e_int8_res_whisper_small.json"
+    "fp8-fp16out-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_fp8_fp16_out_gpu.py"
     "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --out \$OUT/e2e_int8_fused_whisper_small.json"
 )
 

@@ -46,8 +46,8 @@ def _a_torch_region() -> tuple[int, int, int]:
     pytest.fail("no shipped fp8 DB region answers torch: this test has nothing to check")
 
 
-def _plan(cfg, dt, m, n, k, bias):
-    return fops._PLANS.plans[("scaled_mm_fp8", cfg, dt, m, n, k, bias, DEV, fops._epoch())]
+def _plan(cfg, dt, m, n, k, bias, device):
+    return fops._PLANS.plans[("scaled_mm_fp8", cfg, dt, m, n, k, bias, device, fops._epoch())]
 
 
 def test_fp16_output_is_served_by_a_tile_where_torch_was_chosen():
@@ -59,13 +59,13 @@ def test_fp16_output_is_served_by_a_tile_where_torch_was_chosen():
     ref = (a.double() @ w.double().t()) * sa.double()[:, None] * sw.double()[None, :] + bias.double()
 
     y = torch.ops.oasr.scaled_mm_fp8(a, w, sa, sw, bias, torch.float16, "auto")
-    plan = _plan("auto", torch.float16, m, n, k, True)
+    plan = _plan("auto", torch.float16, m, n, k, True, a.device)
     assert plan.config != "torch" and plan.config in LANE.ids(), plan.config
     y_torch = torch.ops.oasr.scaled_mm_fp8(a, w, sa, sw, bias, torch.float16, "torch")
-    assert _plan("torch", torch.float16, m, n, k, True).config == "torch"  # asked by name: kept
+    assert _plan("torch", torch.float16, m, n, k, True, a.device).config == "torch"  # asked by name: kept
     torch.cuda.synchronize()
     err, err_torch = [float((t.double() - ref).abs().max()) for t in (y, y_torch)]
     assert err <= 4 * max(err_torch, float(ref.abs().max()) * 2 ** -11), (plan.config, err, err_torch)
 
     torch.ops.oasr.scaled_mm_fp8(a, w, sa, sw, bias.bfloat16(), torch.bfloat16, "auto")
-    assert _plan("auto", torch.bfloat16, m, n, k, True).config == "torch"  # bf16: the measured arm
+    assert _plan("auto", torch.bfloat16, m, n, k, True, a.device).config == "torch"  # bf16: the measured arm

@@ -8,10 +8,17 @@ may pick a FastAccum tile where it wins the gate and the clock), never Stream-K 
 * M <= 64: the 64-row 64x128 ping-pong tile, then the swap-AB tiles 64x64x256 and 64x16x256 (vLLM's small-M
   tiles: the tile's 64 rows run over N, its 16 or 64 columns over the few tokens). 128-row tiles would be half
   padding.
-* M > 64: 128x256 cooperative, 128x128 2x1-cluster ping-pong, 64x128 ping-pong, 64x64 ping-pong.
+* M > 64: 128x128 cooperative, 64x128 ping-pong, then the swap-AB 64x64x256 (where no tile fills half a wave:
+  small N, its 64 rows over N give the most CTAs). Not 128x256 cooperative nor 128x128 2x1 ping-pong: with full
+  fp32 accumulation each of their consumer warpgroups holds two 128-register accumulators and spills (8192^3 on
+  the H200: 430 and 354 TFLOP/s against 958 for 128x128 cooperative). Chosen on the H200 build log
+  benchmarks/logs/sm90_scaled_mm_fp8_build_v3.jsonl (every tile at 231 points): the heuristic's tile is 2.5 %
+  slower than the best full-accumulation tile (geomean; max 30 %) and 12.6 % slower than the tuned answer
+  (max 54 %), where the list led by those two tiles was 41 % / 55 % (max 299 % / 353 %)
+  (docs/perf/scaled_mm_fp8.md). The heuristic serves an fp16 output where the DB or the policy says torch.
 
 The first candidate whose CTA count (output tiles, ``ceil(M/tm) * ceil(N/tn)``; swapped for swap-AB tiles)
-reaches half the SMs answers; where none does, the smallest. `heuristic_ids(lane)` (every tile it can answer) is
+reaches half the SMs answers; where none does, the last (the one with the most CTAs). `heuristic_ids(lane)` (every tile it can answer) is
 the family's production extra: those kernels are always built.
 """
 from __future__ import annotations
@@ -29,7 +36,7 @@ HALF_WAVE = 0.5
 _CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
     "sm90_fp8_wgmma": {
         "small": ("t64x128x128_c1x1_pp", "t64x64x256_c1x1_pp_swab", "t64x16x256_c1x1_pp_swab"),
-        "large": ("t128x256x128_c1x1_coop", "t128x128x128_c2x1_pp", "t64x128x128_c1x1_pp", "t64x64x128_c1x1_pp"),
+        "large": ("t128x128x128_c1x1_coop", "t64x128x128_c1x1_pp", "t64x64x256_c1x1_pp_swab"),
     },
     "sm89_fp8_mma": {
         "small": ("b64x128x64_w32x64x64_s4", "b64x64x64_w32x32x64_s5", "b32x64x128_w32x32x128_s4"),
