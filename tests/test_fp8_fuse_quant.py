@@ -219,6 +219,33 @@ def test_a_measured_quantizing_tile_is_served_and_baked(db_env):
     assert any(s.op == "scaled_mm_fp8_quant" and s.family == "scaled_mm_fp8" for s in res.sites)
 
 
+@pytest.mark.parametrize("arch", ["sm90", None])
+def test_fp16_output_sites_are_baked_to_a_tile_where_the_policy_says_torch(db_env, monkeypatch, arch):
+    """A compiled graph names its config: baking "torch" for an fp16 output would bypass the runtime's fp16-output
+    rule (`ops._make_plan` keeps an explicit torch), so the bake applies it: the heuristic's tile. bf16 output and an
+    explicit "torch" keep the torch arm. arch None: the pass's arch comes from the environment (OASR_ARCH)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from oasr_ops.families.graph import rewrite_graph
+    from oasr_ops.families.scaled_mm_fp8 import heuristic
+
+    monkeypatch.setenv("OASR_ARCH", "sm90")
+    a = torch.zeros(12000, 768, dtype=FP8)
+    w = torch.zeros(768, 768, dtype=FP8)
+
+    def f(a, w, sa, sw):
+        return (OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.float16, "auto"),
+                OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.bfloat16, "auto"),
+                OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.float16, "torch"))
+
+    gm = make_fx(f, tracing_mode="fake")(a, w, torch.ones(12000), torch.ones(768))
+    res = rewrite_graph(gm.graph, bake=True, arch=arch)
+    baked = [n.args[6] for n in gm.graph.nodes if n.target is OPS.scaled_mm_fp8.default]
+    tile = heuristic.heuristic_config(12000, 768, 768, "sm90")
+    assert tile in SM90.ids() and baked == [tile, "torch", "torch"]
+    assert [(s.config, s.tier) for s in res.sites][0] == (tile, "heuristic")
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.slow
 def test_real_nvcc_build_of_an_activation_kernel(monkeypatch, tmp_path):

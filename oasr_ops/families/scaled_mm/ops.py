@@ -231,8 +231,7 @@ _CHECKED_OUT_SCALES = WeakIdKeyDictionary()
 
 
 def _check_out_scale_values(out_scale: torch.Tensor, op: str = "scaled_mm_quant") -> None:
-    """ValueError (naming `oasr.<op>`) unless every out_scale is finite and > 0 (a NaN or 0 would quantize to
-    garbage or zeros). Shared with the fp8 act-quant op.
+    """ValueError (naming `oasr.<op>`; the fp8 act-quant op shares it) unless every out_scale is finite and > 0.
 
     Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
     torch.compile traces (there the values are not inspectable), and a tensor already checked and not modified

@@ -5,22 +5,53 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import RewriteContext
+from ...configs import SENTINELS
+from ..graph import RewriteContext, static_int
 from ..scaled_mm.rewrite import rewrite_quantized_sites
 from . import act_quant, ops
 
 FAMILY = "scaled_mm_fp8"
 _CONFIG_ARG = 6  # scaled_mm_fp8(a, w, scale_a, scale_w, bias, out_dtype|out_scale, config)
+_OUT_DTYPE_ARG = 5
 # scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation, config): the quantizing op's tiles
 _CONFIG_ARG_ACT = 7
+
+
+def _fp16_auto_sites(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.oasr.scaled_mm_fp8.default
+            and n.args[_CONFIG_ARG] == "auto" and n.args[_OUT_DTYPE_ARG] == torch.float16]
+
+
+def _tile_where_torch_was_baked(ctx: RewriteContext, nodes: list[torch.fx.Node]) -> None:
+    """The fp16-output rule of `ops._make_plan` at bake time: where a static-M site's ``auto`` was baked to
+    ``torch`` (the DB's torch region, measured with a bf16 output, or the untuned policy), bake the half-wave
+    heuristic's tile instead. Without this the graph names ``torch`` explicitly and the runtime rule, which keeps an
+    explicit ``torch``, never applies: compiled fp16 models ran torch._scaled_mm with an fp32 output plus the
+    epilogue in eager ops (docs/perf/e2e.md, the fp8 end-to-end runs)."""
+    for node in nodes:
+        if node.args[_CONFIG_ARG] != "torch":
+            continue
+        aval, wval = node.args[0].meta.get("val"), node.args[1].meta.get("val")
+        n, k = int(wval.shape[0]), int(wval.shape[1])
+        m = static_int(aval.numel() // k)
+        arch = ops._current_arch(ctx.arch)
+        tile = ops.heuristic_config(m, n, k, arch) if m is not None and arch else "torch"
+        if tile in SENTINELS:
+            continue
+        node.args = (*node.args[:_CONFIG_ARG], tile, *node.args[_CONFIG_ARG + 1:])
+        for site in ctx.result.sites:
+            if site.node == node.name:
+                site.config, site.tier = tile, "heuristic"
 
 
 def rewrite(ctx: RewriteContext) -> None:
     """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm_fp8[_quant] and
     oasr.scaled_mm_fp8_act_quant site (the latter under the quantizing op's signature)."""
+    fp16_auto = _fp16_auto_sites(ctx.graph) if ctx.bake else []
     rewrite_quantized_sites(ctx, FAMILY, {
         torch.ops.oasr.scaled_mm_fp8.default: ("scaled_mm_fp8", ops.select_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_fp8_quant.default: ("scaled_mm_fp8_quant", ops.select_quant_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_fp8_act_quant.default: ("scaled_mm_fp8_quant", act_quant.select_act_quant_config,
                                                          _CONFIG_ARG_ACT),
     }, "fp8", ops.signature)
+    _tile_where_torch_was_baked(ctx, fp16_auto)
