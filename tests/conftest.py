@@ -6,6 +6,9 @@ os.environ["OASR_TUNE_USER_DB"] = "off"
 
 import pytest  # noqa: E402
 
+# fixtures shared by the graph-pass tests (fresh_inductor)
+pytest_plugins = ("_fx_capture",)
+
 
 @pytest.fixture
 def tuning_env(tmp_path, monkeypatch):

@@ -27,6 +27,8 @@ from oasr_ops.families.scaled_mm_fp8.reference import FP8, e4m3_steps, quantize_
 from oasr_ops.inductor import fuse_quant
 from oasr_ops.inductor.backend import oasr_backend
 
+from _fx_capture import Capture
+
 OPS = torch.ops.oasr
 
 
@@ -316,27 +318,6 @@ def test_plain_model_calibration_serves_both_schemes():
 # ------------------------------------------------------------------------------------------------ the pass
 
 
-class Capture:
-    """A user post-grad pass (the backend chains it after its own): keeps the graph Inductor lowers."""
-
-    def __init__(self) -> None:
-        self.graphs: list[torch.fx.Graph] = []
-
-    def __call__(self, graph):
-        self.graphs.append(copy.deepcopy(graph))
-
-    def uuid(self):
-        return None  # bypass the caches: the pass must run
-
-
-@pytest.fixture(autouse=False)
-def fresh(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.compiler.reset()
-    yield
-    torch.compiler.reset()
-
-
 def _compile(model, x, **options):
     options.setdefault("fuse_quantization", "act")
     cap = Capture()
@@ -381,7 +362,7 @@ def _assert_fused_fp8_ffn(graph, act, n_ffn=1):
 
 
 @pytest.mark.parametrize("act,name", [(nn.GELU, "gelu"), (nn.SiLU, "silu")])
-def test_options_quantization_fp8_fuses_fc1_activation(fresh, act, name):
+def test_options_quantization_fp8_fuses_fc1_activation(fresh_inductor, act, name):
     torch.manual_seed(0)
     model = Block(act=act).to(torch.float16).eval()
     x = torch.randn(2, 33, 64, dtype=torch.float16)
@@ -398,7 +379,7 @@ def test_options_quantization_fp8_fuses_fc1_activation(fresh, act, name):
     assert err < 5e-2, err
 
 
-def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops(fresh):
+def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops(fresh_inductor):
     torch.manual_seed(1)
     model = Block().to(torch.bfloat16).eval()
     x = torch.randn(3, 17, 64, dtype=torch.bfloat16)
@@ -420,7 +401,7 @@ def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops(fresh):
     assert ((out.float() - want.float()).abs().max() < (want.float() - ref).abs().max())
 
 
-def test_fuse_quantization_true_with_fp8_falls_back_to_act_with_one_warning(fresh):
+def test_fuse_quantization_true_with_fp8_falls_back_to_act_with_one_warning(fresh_inductor):
     model = Block(act=nn.SiLU).half().eval()
     x = torch.randn(2, 9, 64, dtype=torch.float16)
     q = oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8")
@@ -438,7 +419,7 @@ def test_fuse_quantization_true_with_fp8_falls_back_to_act_with_one_warning(fres
     assert torch.equal(out, out_act)  # the same graph as "act"
 
 
-def test_without_calibration_fc2_stays_dynamic(fresh):
+def test_without_calibration_fc2_stays_dynamic(fresh_inductor):
     q = oasr_ops.quantize_(Block().half().eval(), "fp8_w8a8")
     x = torch.randn(2, 9, 64, dtype=torch.float16)
     out, graph = _compile(q, x)
@@ -450,7 +431,7 @@ def test_without_calibration_fc2_stays_dynamic(fresh):
     assert ((out.float() - want.float()).abs().max() / want.float().abs().max()).item() < 2e-2
 
 
-def test_fusion_is_opt_in_and_fusable_layers(fresh):
+def test_fusion_is_opt_in_and_fusable_layers(fresh_inductor):
     class WithProj(Block):
         def __init__(self):
             super().__init__()
@@ -473,7 +454,7 @@ def test_fusion_is_opt_in_and_fusable_layers(fresh):
         oasr_ops.Fp8W8A8Config(layers="some")
 
 
-def test_example_conformer_fp8_ffns_are_fused(fresh):
+def test_example_conformer_fp8_ffns_are_fused(fresh_inductor):
     """The example Conformer (macaron: two LayerNorm -> Linear -> SiLU -> Linear FFNs per block), quantize_ fp8 on
     the fusable layers + calibrate: every FFN's fc1 becomes the fp8 act-quant GEMM feeding fc2."""
     from examples import conformer

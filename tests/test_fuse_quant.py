@@ -13,6 +13,10 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant
 from oasr_ops.inductor.backend import oasr_backend
 
+from _fx_capture import Capture
+
+pytestmark = pytest.mark.usefixtures("fresh_inductor")
+
 OPS = torch.ops.oasr
 
 
@@ -28,27 +32,6 @@ class Block(nn.Module):
     def forward(self, x):
         y = x + self.fc2(self.act(self.fc1(self.ln(x))))
         return y + self.proj(torch.tanh(y)) if self.proj is not None else y
-
-
-class Capture:
-    """A user post-grad pass (the backend chains it after its own): keeps the graph Inductor lowers."""
-
-    def __init__(self) -> None:
-        self.graphs: list[torch.fx.Graph] = []
-
-    def __call__(self, graph):
-        self.graphs.append(copy.deepcopy(graph))
-
-    def uuid(self):
-        return None  # bypass the caches: the pass must run
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.compiler.reset()
-    yield
-    torch.compiler.reset()
 
 
 def _compile(model, x, **options):

@@ -14,15 +14,11 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant, fuse_residual
 from oasr_ops.inductor.backend import oasr_backend
 
+from _fx_capture import Capture
+
+pytestmark = pytest.mark.usefixtures("fresh_inductor")
+
 OPS = torch.ops.oasr
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.compiler.reset()
-    yield
-    torch.compiler.reset()
 
 
 def _calls(graph, op):
@@ -78,18 +74,11 @@ def test_conformer_through_the_backend_matches_the_unfused_graph():
         ref = torch.compile(copy.deepcopy(q), backend=oasr_backend,
                             options={"fuse_quantization": "act", "fuse_residual": False})(x)
         torch.compiler.reset()
-        graphs = []
-
-        class Capture:
-            def __call__(self, graph):
-                graphs.append(copy.deepcopy(graph))
-
-            def uuid(self):
-                return None
+        cap = Capture()
 
         out = torch.compile(q, backend=oasr_backend, options={"fuse_quantization": "act", "fuse_residual": True,
-                                                              "post_grad_custom_pre_pass": Capture()})(x)
-    post = graphs[-1]
+                                                              "post_grad_custom_pre_pass": cap})(x)
+    post = cap.graphs[-1]
     assert len(_calls(post, OPS.scaled_mm_residual)) == 2
     # the fused op skips the fp16 rounding of fc2's output before the add: within a few fp16 steps of the
     # unfused graph, relative to the output's scale
@@ -159,19 +148,12 @@ def test_options_quantization_path_fuses_the_same_way():
     torch.manual_seed(3)
     model = Residual(form="scaled_left").to(torch.float16).eval()
     x = torch.randn(2, 9, 64, dtype=torch.float16)
-    graphs = []
-
-    class Capture:
-        def __call__(self, graph):
-            graphs.append(copy.deepcopy(graph))
-
-        def uuid(self):
-            return None
+    cap = Capture()
 
     with torch.no_grad():
         torch.compile(model, backend=oasr_backend, options={"quantization": "int8_w8a8", "fuse_residual": True,
-                                                            "post_grad_custom_pre_pass": Capture()})(x)
-    res, = _calls(graphs[-1], OPS.scaled_mm_residual)
+                                                            "post_grad_custom_pre_pass": cap})(x)
+    res, = _calls(cap.graphs[-1], OPS.scaled_mm_residual)
     assert res.args[6] == 0.5 and isinstance(res.args[8], str) and res.args[8] != "auto"  # the tile was baked
 
 
@@ -186,19 +168,12 @@ def test_default_follows_fuse_quantization(options, fused):
     torch.manual_seed(4)
     model = _quantized(Residual())
     x = torch.randn(2, 5, 64, dtype=torch.float16)
-    graphs = []
-
-    class Capture:
-        def __call__(self, graph):
-            graphs.append(copy.deepcopy(graph))
-
-        def uuid(self):
-            return None
+    cap = Capture()
 
     with torch.no_grad():
-        torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": Capture()})(x)
-    assert bool(_calls(graphs[-1], OPS.scaled_mm_residual)) is fused
-    assert bool(_calls(graphs[-1], OPS.scaled_mm)) is not fused
+        torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": cap})(x)
+    assert bool(_calls(cap.graphs[-1], OPS.scaled_mm_residual)) is fused
+    assert bool(_calls(cap.graphs[-1], OPS.scaled_mm)) is not fused
 
 
 def test_the_option_is_checked():
