@@ -258,7 +258,8 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
         # torch._scaled_mm's rowwise scaling writes bf16 only, so the torch arm writes fp16 through an fp32 GEMM
         # output and the epilogue in eager ops: three more passes over an fp32 [M, N]. The DB's torch regions
         # were measured with a bf16 output (the build's), where torch is one call; with fp16 they are not what
-        # was measured, and end to end they made fp8 2.6x slower than fp16 (docs/perf/e2e.md). So for an fp16
+        # was measured (the Whisper-style encoder ran its fp8 GEMMs there at 0.39-0.65x of fp16 end to end,
+        # docs/perf/e2e.md). So for an fp16
         # output the half-wave heuristic's tile serves where the DB or the untuned policy says torch (only an
         # explicit config="torch" keeps the torch arm).
         tile = heuristic_config(m, n, k, arch)
