@@ -148,7 +148,7 @@ def test_bench_rejects_an_unknown_order_before_timing(monkeypatch):
         bench.measure({"x": [lambda: None] * 8}, order="sideways")
 
 
-def test_fp8_census_bench_alternates_and_takes_per_shape_medians():
+def test_fp8_census_bench_alternates_and_takes_per_shape_medians(monkeypatch):
     """benchmarks/scaled_mm_fp8.py's round logic (pure; a fake timer): each arm once per round, forward then
     reverse, the median over rounds; a drift that favours the later arm in a fixed order cancels."""
     import importlib.util
@@ -157,7 +157,8 @@ def test_fp8_census_bench_alternates_and_takes_per_shape_medians():
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "scaled_mm_fp8.py"
     spec = importlib.util.spec_from_file_location("_fp8_census_bench", path)
     mod = importlib.util.module_from_spec(spec)
-    _sys.modules[spec.name] = mod
+    monkeypatch.setattr(_sys, "path", list(_sys.path))  # the script puts the checkout first: not for later tests
+    monkeypatch.setitem(_sys.modules, spec.name, mod)
     spec.loader.exec_module(mod)
     seen: list[str] = []
     clock = {"t": 0}
