@@ -247,6 +247,22 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     return run_kernel
 
 
+def fp16_output_config(config: str, m: int, n: int, k: int, arch: str | None) -> str:
+    """What an fp16-output `scaled_mm_fp8` site runs where the selection (the DB, its region table or the untuned
+    policy) answered `config`: `config`, except ``torch``, which becomes the half-wave heuristic's tile.
+
+    Why: torch._scaled_mm's rowwise scaling writes bf16 only, so the torch arm writes fp16 through an fp32 GEMM
+    output and the epilogue in eager ops: three more passes over an fp32 [M, N]. The DB's torch regions were
+    measured with a bf16 output (the build's), where torch is one call; with fp16 they are not what was measured
+    (the Whisper-style encoder ran its fp8 GEMMs there at 0.39-0.65x of fp16 end to end, docs/perf/e2e.md). Applied
+    by the runtime (`_make_plan`, unless ``torch`` was asked for by name) and by the bake (rewrite.py), so a
+    compiled graph never names ``torch`` where the runtime would not have served it."""
+    if config != "torch":
+        return config
+    tile = heuristic_config(m, n, k, arch)
+    return config if tile in SENTINELS else tile
+
+
 def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
     arch = _current_arch(None) or "sm90"
     sig = signature(op, n, k)
@@ -255,15 +271,8 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
                      torch_run=lambda _sentinel: _torch_run(op, out_dtype),
                      kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
     if plan.config == "torch" and out_dtype == torch.float16 and config != "torch":
-        # torch._scaled_mm's rowwise scaling writes bf16 only, so the torch arm writes fp16 through an fp32 GEMM
-        # output and the epilogue in eager ops: three more passes over an fp32 [M, N]. The DB's torch regions
-        # were measured with a bf16 output (the build's), where torch is one call; with fp16 they are not what
-        # was measured (the Whisper-style encoder ran its fp8 GEMMs there at 0.39-0.65x of fp16 end to end,
-        # docs/perf/e2e.md). So for an fp16
-        # output the half-wave heuristic's tile serves where the DB or the untuned policy says torch (only an
-        # explicit config="torch" keeps the torch arm).
-        tile = heuristic_config(m, n, k, arch)
-        run = None if tile in SENTINELS else _kernel_run(op, parse_config(tile), out_dtype, m, n, k, arch, sig)
+        tile = fp16_output_config("torch", m, n, k, arch)
+        run = None if tile == "torch" else _kernel_run(op, parse_config(tile), out_dtype, m, n, k, arch, sig)
         if run is not None:
             return Plan(tile, plan.tier, sig, run)
     return plan

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ...configs import SENTINELS
 from ..graph import RewriteContext, static_int
 from ..scaled_mm.rewrite import rewrite_quantized_sites
 from . import act_quant, ops
@@ -23,11 +22,10 @@ def _fp16_auto_sites(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 
 def _tile_where_torch_was_baked(ctx: RewriteContext, nodes: list[torch.fx.Node]) -> None:
-    """The fp16-output rule of `ops._make_plan` at bake time: where a static-M site's ``auto`` was baked to
-    ``torch`` (the DB's torch region, measured with a bf16 output, or the untuned policy), bake the half-wave
-    heuristic's tile instead. Without this the graph names ``torch`` explicitly and the runtime rule, which keeps an
-    explicit ``torch``, never applies: compiled fp16 models ran torch._scaled_mm with an fp32 output plus the
-    epilogue in eager ops (docs/perf/e2e.md, the fp8 end-to-end runs)."""
+    """`ops.fp16_output_config` at bake time: a static-M site whose ``auto`` was baked to ``torch`` gets the tile
+    the runtime would serve. Without this the graph names ``torch`` explicitly and the runtime, which keeps an
+    explicit ``torch``, ran torch._scaled_mm with an fp32 output plus the epilogue in eager ops in compiled fp16
+    models (docs/perf/e2e.md, the fp8 end-to-end runs)."""
     for node in nodes:
         if node.args[_CONFIG_ARG] != "torch":
             continue
@@ -35,8 +33,8 @@ def _tile_where_torch_was_baked(ctx: RewriteContext, nodes: list[torch.fx.Node])
         n, k = int(wval.shape[0]), int(wval.shape[1])
         m = static_int(aval.numel() // k)
         arch = ops._current_arch(ctx.arch)
-        tile = ops.heuristic_config(m, n, k, arch) if m is not None and arch else "torch"
-        if tile in SENTINELS:
+        tile = ops.fp16_output_config("torch", m, n, k, arch) if m is not None and arch else "torch"
+        if tile == "torch":
             continue
         node.args = (*node.args[:_CONFIG_ARG], tile, *node.args[_CONFIG_ARG + 1:])
         for site in ctx.result.sites:
