@@ -51,21 +51,37 @@ def act_fn(act: str):
     return torch.nn.functional.gelu if act == "gelu" else torch.nn.functional.silu
 
 
-def build(shapes, jobs: int) -> None:
-    from oasr_ops.codegen.jit import JitSpec, build_many
+def build_specs(specs: list, jobs: int):
+    """Build `specs` (`jobs` at a time) and print how many, how long and the summary; returns the build report."""
+    from oasr_ops.codegen.jit import build_many
+
+    t0 = time.perf_counter()
+    rep = build_many(list(specs), jobs=jobs, progress=False)
+    print(f"built {len(specs)} kernels in {time.perf_counter() - t0:.0f}s: {rep.summary()}", flush=True)
+    return rep
+
+
+def act_specs(lane, shapes, tiles, variants, prefix: str) -> list:
+    """The kernels of every shape's tiles (`tiles(n, k)`) in `variants` and in the shape's activation variant
+    (``<prefix>_<act>``), once each."""
+    from oasr_ops.codegen.jit import JitSpec
     from oasr_ops.configs import parse
+
+    specs = {}
+    for _m, n, k, act in shapes:
+        for cid in tiles(n, k):
+            for v in (*variants, f"{prefix}_{act}"):
+                s = JitSpec.for_kernel(lane, parse(cid), v, "sm90")
+                specs[s.name] = s
+    return list(specs.values())
+
+
+def build(shapes, jobs: int) -> None:
     from oasr_ops.families.scaled_mm import ops
     from oasr_ops.families.scaled_mm.lanes import SM90_INT8_WGMMA as lane
 
-    specs = {}
-    for m, n, k, act in shapes:
-        for cid in ops.variants_for(n, k, quant=True, arch="sm90"):
-            for v in (*VARIANTS, f"int8_{act}"):
-                s = JitSpec.for_kernel(lane, parse(cid), v, "sm90")
-                specs[s.name] = s
-    t0 = time.perf_counter()
-    rep = build_many(list(specs.values()), jobs=jobs, progress=False)
-    print(f"built {len(specs)} kernels in {time.perf_counter() - t0:.0f}s: {rep.summary()}", flush=True)
+    build_specs(act_specs(lane, shapes, lambda n, k: ops.variants_for(n, k, quant=True, arch="sm90"), VARIANTS,
+                          "int8"), jobs)
 
 
 def main() -> int:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from act_quant_gemm import DEFAULT_SHAPES, act_fn, parse_shapes  # noqa: E402
+from act_quant_gemm import DEFAULT_SHAPES, act_fn, act_specs, build_specs, parse_shapes  # noqa: E402
 
 VARIANTS = ("fp16", "fp8")
 
@@ -49,19 +49,9 @@ def tiles(n: int, k: int, which: str) -> list[str]:
 
 
 def build(shapes, which: str, jobs: int) -> None:
-    from oasr_ops.codegen.jit import JitSpec, build_many
-    from oasr_ops.configs import parse
     from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as lane
 
-    specs = {}
-    for m, n, k, act in shapes:
-        for cid in tiles(n, k, which):
-            for v in (*VARIANTS, f"fp8_{act}"):
-                s = JitSpec.for_kernel(lane, parse(cid), v, "sm90")
-                specs[s.name] = s
-    t0 = time.perf_counter()
-    rep = build_many(list(specs.values()), jobs=jobs, progress=False)
-    print(f"built {len(specs)} kernels in {time.perf_counter() - t0:.0f}s: {rep.summary()}", flush=True)
+    build_specs(act_specs(lane, shapes, lambda n, k: tiles(n, k, which), VARIANTS, "fp8"), jobs)
 
 
 def main() -> int:
