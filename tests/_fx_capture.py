@@ -20,6 +20,22 @@ class Capture:
         return None  # bypass the caches: the pass must run
 
 
+def compile_captured(model, x, **options):
+    """`model(x)` compiled with the oasr backend (no_grad) and a `Capture` as the user post-grad pass: the output
+    and the last graph Inductor lowered."""
+    from oasr_ops.inductor.backend import oasr_backend
+
+    cap = Capture()
+    with torch.no_grad():
+        out = torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": cap})(x)
+    return out, cap.graphs[-1]
+
+
+def calls(graph: torch.fx.Graph, op) -> list[torch.fx.Node]:
+    """The nodes of `graph` calling `op`'s default overload."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target is op.default]
+
+
 @pytest.fixture
 def fresh_inductor(monkeypatch, tmp_path):
     """An Inductor cache of the test's own and a reset compiler before and after: every compile runs the passes."""

@@ -25,9 +25,8 @@ from oasr_ops.families.scaled_mm_fp8.lanes import SM89_FP8_MMA as SM89
 from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as SM90
 from oasr_ops.families.scaled_mm_fp8.reference import FP8, e4m3_steps, quantize_per_token_fp8, quantize_weight_fp8
 from oasr_ops.inductor import fuse_quant
-from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import Capture
+from _fx_capture import calls, compile_captured
 
 OPS = torch.ops.oasr
 
@@ -320,14 +319,10 @@ def test_plain_model_calibration_serves_both_schemes():
 
 def _compile(model, x, **options):
     options.setdefault("fuse_quantization", "act")
-    cap = Capture()
-    with torch.no_grad():
-        out = torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": cap})(x)
-    return out, cap.graphs[-1]
+    return compile_captured(model, x, **options)
 
 
-def _calls(graph, op):
-    return [n for n in graph.nodes if n.op == "call_function" and n.target is op.default]
+_calls = calls
 
 
 def _before_next_gemm(node):

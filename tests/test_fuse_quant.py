@@ -13,7 +13,7 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant
 from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import Capture
+from _fx_capture import Capture, calls, compile_captured
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
@@ -37,14 +37,10 @@ class Block(nn.Module):
 def _compile(model, x, **options):
     options.setdefault("fuse_quantization", True)  # opt-in (backend.py)
     options.setdefault("fuse_residual", False)  # on with fuse_quantization by default; these tests look at fc2 itself
-    cap = Capture()
-    with torch.no_grad():
-        out = torch.compile(model, backend=oasr_backend, options={**options, "post_grad_custom_pre_pass": cap})(x)
-    return out, cap.graphs[-1]
+    return compile_captured(model, x, **options)
 
 
-def _calls(graph, op):
-    return [n for n in graph.nodes if n.op == "call_function" and n.target is op.default]
+_calls = calls
 
 
 def _ancestors(node):
