@@ -59,7 +59,7 @@ def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                       ("bias", bias), ("out_scale", out_scale))
-    ops._check_out_scale_values(out_scale)
+    ops.check_out_scale(out_scale)
     return reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
 
 
@@ -121,7 +121,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                       ("bias", bias), ("out_scale", out_scale))
-    ops._check_out_scale_values(out_scale)
+    ops.check_out_scale(out_scale)
     n, k = w.shape
     m = ops._rows(a, k)
     if m == 0:

@@ -57,7 +57,6 @@ Note on names: ``oasr_ops.scaled_mm`` is the *function* (the public API); this m
 from __future__ import annotations
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..autograd import inference_only
 from ...codegen.jit import BuildError, LoadError
@@ -73,6 +72,7 @@ from .heuristic import (_INT8_LADDER, _INT8_WAVE_MODEL, _WAVE_MODEL_RANGE, _fall
                         _tile_mn, heuristic_config, heuristic_ids, ladder_config, sm_count, wave_features,
                         wave_model_config, wave_model_time)
 from .kernels import get_kernel, load_kernel, production_configs  # noqa: F401
+from .out_scale import check_out_scale
 
 FAMILY = "scaled_mm"
 OPS = ("scaled_mm", "scaled_mm_quant")
@@ -224,34 +224,6 @@ _lib.impl("quantize_per_token_calibrated", lambda x, calibrated_scale: _quantize
           "CompositeImplicitAutograd")
 
 
-# out_scale tensors whose values passed the check, with their (version counter, data pointer) then: a calibrated
-# scale is a buffer passed on every call, so it is read (a device sync) once, not per call; an in-place change
-# bumps the version and is checked again. Keyed by identity (a tensor's == is elementwise), weakly.
-_CHECKED_OUT_SCALES = WeakIdKeyDictionary()
-
-
-def _check_out_scale_values(out_scale: torch.Tensor, op: str = "scaled_mm_quant") -> None:
-    """ValueError (naming `oasr.<op>`; the fp8 act-quant op shares it) unless every out_scale is finite and > 0.
-
-    Reading the values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
-    torch.compile traces (there the values are not inspectable), and a tensor already checked and not modified
-    since is not read again; eager calls are checked on every device."""
-    if out_scale.device.type == "cuda" and (torch.cuda.is_current_stream_capturing()
-                                            or torch.compiler.is_compiling()):
-        return
-    try:
-        seen = (out_scale._version, out_scale.data_ptr())
-    except RuntimeError:  # an inference-mode tensor has no version counter: check it every time
-        seen = None
-    if seen is not None and _CHECKED_OUT_SCALES.get(out_scale) == seen:
-        return
-    if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
-        raise ValueError(f"oasr.{op}: out_scale must be finite and > 0 everywhere, got "
-                         f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
-    if seen is not None:
-        _CHECKED_OUT_SCALES[out_scale] = seen
-
-
 def _scaled_mm_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
     _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
     _check_layout("scaled_mm", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias))
@@ -263,7 +235,7 @@ def _scaled_mm_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
     _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
     _check_layout("scaled_mm_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                   ("bias", bias), ("out_scale", out_scale))
-    _check_out_scale_values(out_scale)
+    check_out_scale(out_scale)
     check_config_arg(config, "scaled_mm_quant")
     return reference_scaled_mm_quant(a, w, scale_a, scale_w, bias, out_scale)
 
@@ -439,7 +411,7 @@ def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
     _check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
                   ("out_scale", out_scale))
     if out_scale is not None:
-        _check_out_scale_values(out_scale)
+        check_out_scale(out_scale)
     n, k = w.shape
     m = _rows(a, k)
     if m == 0:

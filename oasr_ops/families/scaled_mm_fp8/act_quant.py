@@ -29,7 +29,7 @@ import torch
 from ..autograd import inference_only
 from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
-from ..scaled_mm.ops import _check_out_scale_values as check_out_scale
+from ..scaled_mm.out_scale import check_out_scale
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
 from ...runtime.registry import native_lane

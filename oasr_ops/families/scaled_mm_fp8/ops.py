@@ -43,7 +43,8 @@ from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
 from .kernels import get_kernel, production_configs  # noqa: F401
 from ..scaled_mm.ops import _check_layout as check_layout
-from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, check_positive, epilogue_fp32,
+from ..scaled_mm.out_scale import check_out_scale
+from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, epilogue_fp32,
                         quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
                         to_fp8)
 
@@ -87,7 +88,7 @@ def _scaled_mm_fp8_cpu(a, w, scale_a, scale_w, bias, out_dtype, config):
 def _scaled_mm_fp8_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
     check("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
     _layout("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale)
-    check_positive("scaled_mm_fp8_quant", "out_scale", out_scale)
+    check_out_scale(out_scale, "scaled_mm_fp8_quant")
     check_config_arg(config, "scaled_mm_fp8_quant")
     return reference_scaled_mm_fp8_quant(a, w, scale_a, scale_w, bias, out_scale)
 
@@ -282,7 +283,7 @@ def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
     check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
     _layout(op, a, w, scale_a, scale_w, bias, out_scale)
     if out_scale is not None:
-        check_positive(op, "out_scale", out_scale)
+        check_out_scale(out_scale, op)
     n, k = w.shape
     m = rows(a, k)
     if m == 0:

@@ -71,18 +71,6 @@ def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None)
             raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
 
 
-def check_positive(op: str, name: str, t: torch.Tensor) -> None:
-    """ValueError unless every value of `t` is finite and > 0 (a NaN, inf or 0 scale gives garbage silently).
-
-    Reading values synchronizes on CUDA, so the check is skipped inside a CUDA-graph capture and while
-    torch.compile traces; eager calls are checked on every device."""
-    if t.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
-        return
-    if t.numel() and not bool(((t > 0) & torch.isfinite(t)).all()):
-        raise ValueError(f"oasr.{op}: {name} must be finite and > 0 everywhere, got "
-                         f"{t.detach().flatten()[:4].tolist()}{'...' if t.numel() > 4 else ''}")
-
-
 def acc64(a2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``a2 @ w.T`` of e4m3 operands accumulated in float64 ([M, K] x [N, K] -> [M, N] float64), on a's device."""
     return a2.double() @ w.double().t()

@@ -1,0 +1,46 @@
+"""The value check of a quantizing op's ``out_scale`` (int8 `scaled_mm_quant` / `scaled_mm_act_quant`, fp8
+`scaled_mm_fp8_quant` / `scaled_mm_fp8_act_quant`): every value finite and > 0, else a ValueError naming the op
+(a NaN, inf or 0 scale would quantize to garbage silently).
+
+Reading values synchronizes the device, so a scale is read once, not per call. An out_scale is almost always a
+calibrated buffer (`oasr_ops.calibrate`) or a slice of one (`QuantLinear.scales[N:]`); a compiled graph without
+CUDA graphs passes a fresh view of that buffer on every call (Inductor's `reinterpret_tensor`), so the cache is
+keyed by the view's base tensor (a long-lived module buffer), with the base's version counter (shared by its
+views: an in-place change bumps it and the values are read again), the view's data pointer and size. Before this
+key, each act-quant GEMM of a compiled model in default mode paid a device sync and five small kernels per call
+(32 per Conformer-M forward, visible in `e2e_int8_fused.py --profile`). Tensors without a version counter
+(created in inference mode) are read on every call. The check is skipped inside a CUDA-graph capture and while
+torch.compile traces (the values are not inspectable there).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+# base tensor -> (its version when checked, {(data_ptr, numel) of the views of it that passed})
+_CHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: str = "out_scale") -> None:
+    """ValueError (naming `oasr.<op>`) unless every value of `out_scale` is finite and > 0; see the module doc."""
+    if out_scale.device.type == "cuda" and (torch.cuda.is_current_stream_capturing()
+                                            or torch.compiler.is_compiling()):
+        return
+    base = out_scale._base if out_scale._base is not None else out_scale
+    try:
+        version, view = base._version, (out_scale.data_ptr(), out_scale.numel())
+    except RuntimeError:  # an inference-mode tensor has no version counter: check it every time
+        version, view = None, None
+    if version is not None:
+        seen = _CHECKED.get(base)
+        if seen is not None and seen[0] == version and view in seen[1]:
+            return
+    if out_scale.numel() and not bool(((out_scale > 0) & torch.isfinite(out_scale)).all()):
+        raise ValueError(f"oasr.{op}: {name} must be finite and > 0 everywhere, got "
+                         f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
+    if version is not None:
+        seen = _CHECKED.get(base)
+        if seen is None or seen[0] != version:
+            seen = (version, set())
+            _CHECKED[base] = seen
+        seen[1].add(view)
