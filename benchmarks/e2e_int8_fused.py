@@ -175,12 +175,21 @@ def main() -> int:
     p.add_argument("--only", default=None,
                    help="time only these variants (comma-separated names, fp16 always kept as the baseline): keeps a "
                         "GPU call short when the other variants were measured before")
+    p.add_argument("--recursive-dict-tags", action="store_true",
+                   help="set torch._dynamo.config.use_recursive_dict_tags_for_guards for every variant (the fp16 "
+                        "baseline too): Dynamo then skips the guards of modules whose dicts did not change, the "
+                        "largest part of the host time per call (docs/perf/e2e.md)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
     import oasr_ops
     from e2e_compare import _load
+
+    if a.recursive_dict_tags:
+        if not hasattr(torch._dynamo.config, "use_recursive_dict_tags_for_guards"):
+            p.error(f"--recursive-dict-tags: torch {torch.__version__} has no use_recursive_dict_tags_for_guards")
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = True
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
     from oasr_ops.inductor.fuse_residual import residual_log
@@ -253,7 +262,7 @@ def main() -> int:
     fns, res = {}, {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "model": a.model, "model_args": margs, "inputs": iargs,
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
-                    "quantization": a.quantization,
+                    "quantization": a.quantization, "recursive_dict_tags": a.recursive_dict_tags,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():

@@ -252,3 +252,75 @@ def test_fuse_quantization_rejects_an_unknown_value():
     q = oasr_ops.quantize_(Block().half().eval(), "int8_w8a8")
     with pytest.raises(Exception, match="fuse_quantization"):
         _compile(q, torch.randn(2, 5, 64, dtype=torch.float16), fuse_quantization="layernorm")
+
+
+def _session6_state_dict(q: nn.Module) -> dict:
+    """The layout of session 6: `scales` always [N + 1] (the last entry 1.0 until calibrated), a `calibrated` flag
+    in `_extra_state`, and no `bias` entry for a layer without bias."""
+    old = {}
+    for k, v in q.state_dict().items():
+        name, _, leaf = k.rpartition(".")
+        layer = q.get_submodule(name) if name else q
+        if not isinstance(layer, oasr_ops.QuantLinear):
+            old[k] = v
+        elif leaf == "scales":
+            tail = layer.input_scale if layer.calibrated else torch.ones(1)
+            old[k] = torch.cat([layer.scale_w, tail])
+            old[f"{name}._extra_state"] = {"calibrated": layer.calibrated}
+        elif leaf != "bias" or layer.bias.shape[0]:
+            old[k] = v
+    return old
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_quant_linear_state_dict_of_session_6_loads(calibrated):
+    model = Block().half().eval()
+    model.fc2 = nn.Linear(256, 64, bias=False).half()  # a layer without bias: no `bias` entry in that layout
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    if calibrated:
+        oasr_ops.calibrate(q, [x])
+    old = _session6_state_dict(q)
+    assert "fc2.bias" not in old and old["fc1.scales"].shape == (257,)
+    fresh = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    fresh.load_state_dict(old)  # strict
+    for name in ("fc1", "fc2"):
+        a, b = getattr(fresh, name), getattr(q, name)
+        assert a.calibrated is calibrated and torch.equal(a.scale_w, b.scale_w)
+        assert (a.input_scale is None) if not calibrated else torch.equal(a.input_scale, b.input_scale)
+    assert fresh.fc2.bias.shape == (0,) and fresh.fc2.out_dtype == torch.float16
+    with torch.no_grad():
+        assert torch.equal(fresh(x), q(x))
+
+
+def test_input_scale_can_be_cleared_and_set_again():
+    q = oasr_ops.quantize_(nn.Linear(64, 32).half(), "int8_w8a8")
+    assert not q.calibrated and q.scales.shape == (32,)
+    q.input_scale = torch.tensor([0.5])
+    assert q.calibrated and q.scales.shape == (33,) and float(q.input_scale) == 0.5
+    q.input_scale = None
+    assert not q.calibrated and q.input_scale is None and q.scales.shape == (32,)
+    with pytest.raises(ValueError, match="one value per tensor"):
+        q.input_scale = torch.ones(2)
+
+
+def test_quant_linear_guards_are_tag_safe():
+    """What QuantLinear.forward reads is buffers and class attributes only, so with Dynamo's recursive dict-tag
+    guards its guard subtree can be skipped while its dicts are unchanged (the host-time reason: class doc)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model = oasr_ops.quantize_(Block().half().eval(), "int8_w8a8")
+    oasr_ops.calibrate(model, [torch.randn(2, 5, 64, dtype=torch.float16)])
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+
+    def null_backend(gm, example_inputs):
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True), torch.no_grad():
+        torch.compile(model, backend=null_backend)(x)
+    guards = str(_debug_get_cache_entry_list(type(model).forward.__code__)[0].guard_manager)
+    torch._dynamo.reset()
+    layers = [ln for ln in guards.splitlines() if "GuardManager: source=" in ln
+              and "type=<class 'oasr_ops.families.scaled_mm.quantize.QuantLinear'>" in ln]
+    assert len(layers) == 2 and all("tag_safe=(True" in ln for ln in layers), layers

@@ -61,8 +61,7 @@ class Fp8QuantLinear(CalibratedInput):
         return cls(wq, sw, linear.bias, out_dtype, config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear_fp8(x, self.weight_q, self.scale_w, self.bias, self.out_dtype, self.config,
-                                    self.input_scale)
+        return quantized_linear_fp8(x, *self._linear_args())
 
 
 def quantize_module(model: nn.Module, config: str = "auto",
