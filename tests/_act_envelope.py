@@ -50,3 +50,15 @@ def assert_in_envelope(got: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, wh
                            f"{g[bad][:4].tolist()} not in {list(zip(lo[bad][:4].tolist(), hi[bad][:4].tolist()))}")
     may = lo != hi
     return {"may_move": may.double().mean().item(), "n": g.numel()}
+
+
+def log_envelope(where: str, **numbers: float) -> None:
+    """One JSON line per check to $OASR_ENVELOPE_LOG (the GPU steps set it under $OUT): how many values moved
+    against the reference and how many the error bound allowed to, measured on the device's tanh.approx."""
+    import json
+    import os
+
+    path = os.environ.get("OASR_ENVELOPE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"where": where, **numbers}) + "\n")
