@@ -10,6 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import oasr_ops
+from oasr_ops.codegen import act_math
 from oasr_ops.codegen.render import render
 from oasr_ops.families.scaled_mm.lanes import LANES
 
@@ -74,18 +75,22 @@ def test_fake_and_checks():
 def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane):
     cfg = lane.default
     plain = render(lane, cfg, "int8")
-    assert "Activated" not in plain and "struct Act" not in plain
+    assert "ActScale" not in plain and "struct Act" not in plain and "tanh" not in plain
     for act in ("gelu", "silu"):
         src = render(lane, cfg, f"int8_{act}")
-        assert "using Activated" in src and "struct Act" in src
-        assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
-        # the same kernel otherwise: removing the activation's lines gives back the int8 source's structure;
-        # the sm90 activation variants quantize with the approximate reciprocal (QuantFast, one step of tolerance
-        # like the activation), the plain int8 variant keeps the exact division
         if lane.name == "sm90_int8_wgmma":
-            assert "Compute<oasr::QuantFast, ElementD" in src and "Compute<oasr::QuantRn, ElementD" in plain
-            assert "QuantFast" not in plain
+            # sm90: the bias add fused into the scale_a multiply, then act(y) / out_scale in one node with one
+            # tanh.approx; the plain int8 variant keeps the exact division and the separate bias add
+            assert "Compute<oasr::FmaRn, float, float, kRN>, ScaleA, AccW, Bias>" in src
+            assert "Compute<oasr::ActScale, ElementD, float, kRN>, BiasedFma, OutScale>" in src
+            assert src.count("asm(\"tanh.approx.f32") == 1 and "ex2.approx" not in src and "erff" not in src
+            assert ("fminf(y * y, 36.0f)" in src) == (act == "gelu")
+            assert "Compute<oasr::QuantRn, ElementD" in plain and "Compute<oasr::QuantRn" not in src
+            for name in ("GELU_A", "GELU_B", "GELU_C"):  # the coefficients the CPU reference uses
+                assert (f"{getattr(act_math, name)!r}f" in src) == (act == "gelu")
         else:
+            assert "using Activated" in src and "struct Act" in src
+            assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
             assert src.count("QuantRn") == plain.count("QuantRn")
     with pytest.raises(ValueError, match="not supported"):
         render(lane, cfg, "fp16_gelu")

@@ -26,6 +26,7 @@ from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as SM90
 from oasr_ops.families.scaled_mm_fp8.reference import FP8, e4m3_steps, quantize_per_token_fp8, quantize_weight_fp8
 from oasr_ops.inductor import fuse_quant
 
+from _act_envelope import assert_in_envelope, e4m3_envelope, fit_error
 from _fx_capture import calls, compile_captured
 
 OPS = torch.ops.oasr
@@ -39,18 +40,25 @@ def _operands(m, n, k, seed):
     return a, w, sa, sw, bias
 
 
-def _expected(a, w, sa, sw, bias, out_scale, act):
-    """Independent of the op's code: float64 throughout, the activation from its definition."""
+def _exact(a, w, sa, sw, bias, out_scale, act):
+    """Independent of the op's code: float64 throughout, the activation from its definition; (y, act(y) / s)."""
     y = sa.double()[:, None] * sw.double()[None, :] * (a.double() @ w.double().t())
     if bias is not None:
         y = y + bias.double()
-    y = 0.5 * y * (1 + torch.erf(y / math.sqrt(2))) if act == "gelu" else y * torch.sigmoid(y)
-    return (y / out_scale.double().reshape(-1, 1)).clamp(-448, 448).to(FP8)
+    z = 0.5 * y * (1 + torch.erf(y / math.sqrt(2))) if act == "gelu" else y * torch.sigmoid(y)
+    return y, z / out_scale.double().reshape(-1, 1)
 
 
-def _assert_within_one_step(got, want, min_equal=0.99):
-    d = e4m3_steps(got, want)
-    assert d.max().item() <= 1, d.max().item()
+def _assert_within_the_fit(got, a, w, sa, sw, bias, out_scale, act, min_equal=0.95):
+    """The CPU op (the reference: the fitted GELU, exact tanh) against the exact activation: inside the envelope of
+    the fit's error (tests/_act_envelope.py; plus fp32 rounding of y), which for e4m3 allows more than one step
+    only among the tiny negative-tail outputs, whose steps are smaller than the fit's absolute error; most values
+    equal (the fit's error is far below half a step wherever |act(y)| / s is not tiny)."""
+    y, v = _exact(a, w, sa, sw, bias, out_scale, act)
+    s = out_scale.double().reshape(-1, 1)
+    lo, hi = e4m3_envelope(v, (fit_error(y, act) + 2.0 ** -20 * y.abs()) / s)
+    assert_in_envelope(got.float(), lo, hi, act)
+    d = e4m3_steps(got, v.clamp(-448, 448).to(FP8))
     assert (d == 0).float().mean().item() >= min_equal
 
 
@@ -63,8 +71,7 @@ def test_reference_matches_float64(m, act, with_bias):
     out_scale = torch.tensor([0.02])  # a few values saturate at 448, most do not
     q = oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, out_scale, act, bias=bias)
     assert q.dtype == FP8 and q.shape == (m, 64)
-    want = _expected(a, w, sa, sw, bias, out_scale, act)
-    _assert_within_one_step(q, want)
+    _assert_within_the_fit(q, a, w, sa, sw, bias, out_scale, act)
     assert not torch.isnan(q.float()).any()  # saturated, never NaN (torch's own cast maps overflow to NaN)
     # the op is the plain quantizing op's value with the activation between the bias and the quantization
     y = act_quant.epilogue_fp32(act_quant.acc64(a, w), sa, sw, bias)
@@ -76,7 +83,7 @@ def test_per_row_out_scale_and_leading_dims():
     out_scale = torch.rand(12) * 0.05 + 0.01
     q = oasr_ops.scaled_mm_fp8_act_quant(a.reshape(3, 4, 48), w, sa, sw, out_scale, "silu")
     assert q.shape == (3, 4, 32)
-    _assert_within_one_step(q.reshape(12, 32), _expected(a, w, sa, sw, None, out_scale, "silu"))
+    _assert_within_the_fit(q.reshape(12, 32), a, w, sa, sw, None, out_scale, "silu")
 
 
 def test_e4m3_steps_counts_representable_values():
@@ -93,7 +100,7 @@ def test_activation_tails_and_saturation():
         for s in (0.5, 0.01):
             out_scale = torch.tensor([s])
             q = oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, out_scale, act, bias=bias)
-            _assert_within_one_step(q, _expected(a, w, sa, sw, bias, out_scale, act))
+            _assert_within_the_fit(q, a, w, sa, sw, bias, out_scale, act)
             assert q.float().abs().max().item() <= 448
 
 
@@ -144,17 +151,17 @@ def test_activation_variants_render_their_branch_and_leave_the_others_alone():
     for cid in ("t128x128x128_c2x1_pp", "t64x64x256_c1x1_pp_swab", "t128x256x128_c1x1_coop_fa"):
         cfg = parse(cid)
         plain = render(SM90, cfg, "fp8")
-        assert "Activated" not in plain and "struct Act" not in plain and "DivSatFast" not in plain
+        assert "ActScale" not in plain and "tanh" not in plain and "Compute<oasr::DivRn, ElementD" in plain
         for act in ("gelu", "silu"):
             src = render(SM90, cfg, f"fp8_{act}")
-            assert "using Activated" in src and "Compute<oasr::DivSatFast, ElementD" in src
-            assert ("erf_fast" in src) == (act == "gelu")
+            assert "Compute<oasr::ActScale, ElementD, float, kRN>, BiasedFma, OutScale>" in src
+            assert "Compute<oasr::DivRn" not in src
             # the activation is the int8 epilogue's, from the same snippet (templates/_act_fast.cuh.j2)
             int8_src = render(int8_sm90, int8_sm90.default, f"int8_{act}")
-            start = int8_src.index("CUTLASS_DEVICE float ex2_ftz")
-            snippet = int8_src[start:int8_src.index("// The activation variants' quantization")]
-            assert snippet in src
-            # nothing else changes: dropping the activation's lines gives the plain quantizing kernel's EVT
+            start = int8_src.index("CUTLASS_DEVICE float tanh_approx")
+            snippet = int8_src[start:int8_src.index("}  // namespace oasr")]
+            assert snippet in src and ("fminf(y * y" in snippet) == (act == "gelu")
+            # nothing else changes: the same broadcasts as the plain quantizing kernel
             assert src.count("Sm90ColBroadcast") == plain.count("Sm90ColBroadcast")
     with pytest.raises(ValueError, match="not supported"):
         render(SM90, SM90.default, "bf16_gelu")

@@ -30,12 +30,13 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU CI never selects gpu
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import oasr_ops  # noqa: E402
+from _act_envelope import assert_in_envelope, e4m3_envelope, kernel_error, log_envelope  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
-from oasr_ops.families.scaled_mm.act_quant import apply_activation  # noqa: E402
+from oasr_ops.families.scaled_mm.act_quant import apply_activation, epilogue_fma_fp32  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8 import act_quant as fp8_act_quant  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8.act_quant import reference_scaled_mm_fp8_act_quant  # noqa: E402
 from oasr_ops.families.scaled_mm_fp8.lanes import SM89_FP8_MMA, SM90_FP8_WGMMA, summation_order  # noqa: E402
-from oasr_ops.families.scaled_mm_fp8.reference import (FP8, e4m3_steps, quantize_per_token_fp8,  # noqa: E402
+from oasr_ops.families.scaled_mm_fp8.reference import (FP8, acc64, e4m3_steps, quantize_per_token_fp8,  # noqa: E402
                                                        quantize_weight_fp8)
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 
@@ -86,13 +87,21 @@ def _scales(m):
             ("per-row, no bias", torch.rand(m, device=DEV) * 0.4 + 0.1, False))
 
 
-def _check_exact(got, want, where, min_equal=0.999):
+def _check_exact(got, a, w, sa, sw, b, out_scale, act, where):
+    """Exact accumulation (ternary operands): only the epilogue's fast math differs from the reference, whose
+    formula is the kernel's with an exact tanh. So every value lies inside the envelope of tanh.approx.f32's error
+    bound (tests/_act_envelope.py): equal to the reference wherever its unrounded value is not within that error of
+    an e4m3 rounding boundary; one step apart at most wherever the bound is below a step, which fails only among
+    the tiny outputs of the negative tails (the bound is absolute there, the e4m3 steps relative)."""
     assert not torch.isnan(got.float()).any(), f"{where}: unwritten (poisoned) or NaN output"
+    want = reference_scaled_mm_fp8_act_quant(a, w, sa, sw, b, out_scale, act)
+    y = epilogue_fma_fp32(acc64(a, w), sa, sw, b)
+    s = out_scale.double().reshape(-1, 1)
+    lo, hi = e4m3_envelope(apply_activation(y, act).double() / s, kernel_error(y, act) / s)
+    info = assert_in_envelope(got.float(), lo, hi, where)
     d = e4m3_steps(got, want)
-    assert d.max().item() <= 1, f"{where}: {d.max().item()} e4m3 steps apart (exact accumulation: only the " \
-                                f"fast math differs)"
-    eq = (d == 0).float().mean().item()
-    assert eq >= min_equal, f"{where}: only {eq:.4%} of the values equal the reference's"
+    log_envelope(where, moved=(d > 0).double().mean().item(), may_move=info["may_move"],
+                 max_steps=d.max().item(), n=info["n"])
 
 
 @pytest.mark.parametrize("act,config", [("gelu", "auto"), ("gelu", DEFAULT), ("silu", DEFAULT)])
@@ -106,8 +115,7 @@ def test_fast_math_epilogue_matches_the_reference(act, config, m):
         got = oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=config)
         torch.cuda.synchronize()
         assert got.dtype == FP8 and got.shape == (m, n)
-        _check_exact(got, reference_scaled_mm_fp8_act_quant(a, w, sa, sw, b, out_scale, act),
-                     f"{act} config={config} M={m} {label}")
+        _check_exact(got, a, w, sa, sw, b, out_scale, act, f"{act} config={config} M={m} {label}")
 
 
 def test_every_tile_and_bitwise_within_order_groups():
@@ -121,8 +129,7 @@ def test_every_tile_and_bitwise_within_order_groups():
             _poison()
             got = oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, out_scale, "gelu", bias=b, config=cfg.id)
             torch.cuda.synchronize()
-            _check_exact(got, reference_scaled_mm_fp8_act_quant(a, w, sa, sw, b, out_scale, "gelu"),
-                         f"gelu {cfg.id} {label}")
+            _check_exact(got, a, w, sa, sw, b, out_scale, "gelu", f"gelu {cfg.id} {label}")
             outs.setdefault(cfg.id, []).append(got.view(torch.uint8))
     groups: dict[str, list[str]] = {}
     for cfg in TILES:
@@ -204,7 +211,7 @@ def test_under_cuda_graph_capture():
     sa.copy_(sa2)
     graph.replay()
     torch.cuda.synchronize()
-    _check_exact(out, reference_scaled_mm_fp8_act_quant(a, w, sa, sw, None, s, "silu"), "silu replay")
+    _check_exact(out, a, w, sa, sw, None, s, "silu", "silu replay")
 
 
 def test_an_sm89_config_is_refused_with_a_clear_error():

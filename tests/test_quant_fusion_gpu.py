@@ -19,12 +19,14 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU CI never selects gpu
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import oasr_ops  # noqa: E402
+from _act_envelope import assert_in_envelope, int8_envelope, kernel_error, log_envelope  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.codegen.render_layer_norm_quant import SPACE  # noqa: E402
 from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
 from oasr_ops.families.layer_norm_quant.ops import reference_layer_norm_quant  # noqa: E402
-from oasr_ops.families.scaled_mm.act_quant import reference_scaled_mm_act_quant  # noqa: E402
-from oasr_ops.families.scaled_mm.ops import _epilogue_fp32  # noqa: E402
+from oasr_ops.families.scaled_mm.act_quant import (apply_activation, epilogue_fma_fp32,  # noqa: E402
+                                                    reference_scaled_mm_act_quant)
+from oasr_ops.families.scaled_mm.ops import _epilogue_fp32, int_acc  # noqa: E402
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 from oasr_ops.runtime.registry import get_lane  # noqa: E402
 
@@ -115,6 +117,27 @@ def test_layer_norm_quant_under_cuda_graph_capture():
     assert (q.int() - rq.int()).abs().max().item() <= 1 and torch.allclose(s, rs, rtol=1e-2)
 
 
+def _check_act_quant(got, a, w, sa, sw, b, out_scale, act, where) -> float:
+    """Against the reference (the kernel's formula with an exact tanh, families/scaled_mm/act_quant.py): every value
+    inside the envelope of tanh.approx.f32's documented error (tests/_act_envelope.py), so equal wherever the
+    reference's unrounded act(y) / out_scale is not within that error of a .5 boundary, and at most one step apart
+    wherever the error is below a step (everywhere but far negative tails with a tiny out_scale, |y| > ~4000 s).
+    Returns the largest error bound in steps; the fractions that moved and could move go to the envelope log."""
+    assert got.dtype == torch.int8
+    want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
+    y = epilogue_fma_fp32(int_acc(a, w), sa, sw, b)
+    s = out_scale.double().reshape(-1, 1)
+    bound = kernel_error(y, act) / s
+    lo, hi = int8_envelope(apply_activation(y, act).double() / s, bound)
+    info = assert_in_envelope(got, lo, hi, where)
+    d = (got.int() - want.int()).abs()
+    if bound.max().item() < 0.5:
+        assert d.max().item() <= 1, where
+    log_envelope(where, moved=(d > 0).double().mean().item(), may_move=info["may_move"], max_steps=d.max().item(),
+                 n=info["n"], max_bound_steps=bound.max().item())
+    return bound.max().item()
+
+
 @pytest.mark.parametrize("act", ("gelu", "silu"))
 @pytest.mark.parametrize("m", (1, 7, 17, 127, 1000, 4000))
 def test_scaled_mm_act_quant_matches_the_reference(act, m):
@@ -128,9 +151,8 @@ def test_scaled_mm_act_quant_matches_the_reference(act, m):
     for out_scale, b in ((torch.tensor([0.05], device=DEV), bias), (torch.rand(m, device=DEV) * 0.05 + 0.02, None)):
         _poison()
         got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=SMM_LANE.default.id)
-        want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
-        assert (got.int() - want.int()).abs().max().item() <= 1
-        assert (got == want).float().mean().item() > 0.999
+        # realistic magnitudes (|y| < 5, steps of 0.02-0.07): tanh.approx's bound stays far below one step
+        assert _check_act_quant(got, a, w, sa, sw, b, out_scale, act, f"{act} M={m}") < 0.1
 
 
 @pytest.mark.parametrize("act", ("gelu", "silu"))
@@ -152,9 +174,7 @@ def test_scaled_mm_act_quant_every_tile_over_the_activation_range(act, cfg):
                          (torch.rand(m, device=DEV, generator=g) * 0.4 + 0.1, None)):
         _poison()
         got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=cfg)
-        want = reference_scaled_mm_act_quant(a, w, sa, sw, b, out_scale, act)
-        assert (got.int() - want.int()).abs().max().item() <= 1
-        assert (got == want).float().mean().item() > 0.999
+        _check_act_quant(got, a, w, sa, sw, b, out_scale, act, f"{act} {cfg} out_scale={out_scale[:1].item():.3g}")
 
 
 def test_scaled_mm_act_quant_under_cuda_graph_capture():
@@ -172,8 +192,7 @@ def test_scaled_mm_act_quant_under_cuda_graph_capture():
     a.copy_(torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8))
     graph.replay()
     torch.cuda.synchronize()
-    want = reference_scaled_mm_act_quant(a, w, sa, sw, None, s, "silu")
-    assert (out.int() - want.int()).abs().max().item() <= 1
+    _check_act_quant(out, a, w, sa, sw, None, s, "silu", "silu replay")
 
 
 class _Block(nn.Module):

@@ -26,6 +26,7 @@ from cutlass_library import library as L
 from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
 
 from ..configs import Config
+from .act_math import ACT_MATH
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
 from .emit_int8 import ACTIVATIONS, SMM_ABI_VERSION, emit_visitor_kernel
 from .templates import ABI_VERSION
@@ -137,6 +138,7 @@ def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
         dtype=variant,
         quant=dtype == "fp8",
         act=act,
+        act_math=ACT_MATH,
         swap=config.swap_ab,
         fast_accum=config.fast_accum,
         swizzle=config.swizzle,

@@ -21,6 +21,7 @@ from cutlass_library import library as L
 from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
 
 from ..configs import Config
+from .act_math import ACT_MATH
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
 from .templates import ABI_VERSION
 from .templates import environment as _env
@@ -198,6 +199,7 @@ def render_scaled_mm(lane, config: Config, variant: str) -> str:
         dtype=variant,
         quant=dtype == "int8",
         act=act,
+        act_math=ACT_MATH,
         residual=residual,
         element_d=ELEMENT_D[dtype],
         element_bias=ELEMENT_BIAS[dtype],

@@ -13,17 +13,24 @@ str activation, str config) -> Tensor``
     N-tile CTA of the GEMM (a cross-CTA reduction or a second pass); a calibrated scale needs neither.
 
 CUDA runs the ``int8_<activation>`` variant of the scaled_mm lanes' kernels (templates/sm90_scaled_mm.cu.j2 and
-sm80, a template branch of its own; the other variants render byte-identically); CPU the reference below. The
-kernels compute the activation with IEEE erff / expf, so a quantized value may differ from the reference by one
-step where act(y) / out_scale lies within rounding of a .5 boundary.
+sm80, a template branch of its own; the other variants render byte-identically); CPU the reference below, which
+computes the sm90 epilogue's formula (codegen/act_math.py, docs/kernels.md "act-quant epilogue")::
+
+    y = fma(scale_a, fp32(scale_w * float(acc)), bias)          (one rounding for the bias add)
+    act(y) = h + h * tanh(u),  h = y / 2;  u = y / 2 (SiLU, an identity) or
+             u = y * (A + B x2 + C x2^2), x2 = min(y^2, 36)   (erf GELU, fitted: <= 1.53e-5 * max(1, |y|) off)
+
+with an exact tanh where the sm90 kernel has tanh.approx.f32 (relative error <= 2^-11): a quantized value differs
+from the reference by at most ``2^-12 * |y| / out_scale`` plus fp32 rounding (`tanh_error_bound`), so by at most
+one step wherever |y| < ~4000 * out_scale, and only where act(y) / out_scale lies that close to a .5 boundary.
+The sm80 kernels compute IEEE erff / expf: within the fit error (a step only at a boundary) of this reference.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
 from ..autograd import inference_only
+from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
 from . import ops
@@ -35,15 +42,46 @@ _lib.define("scaled_mm_act_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scal
 
 
 def apply_activation(y: torch.Tensor, activation: str) -> torch.Tensor:
-    """The activation in fp32, as the epilogue computes it (erf GELU; SiLU = y / (1 + exp(-y)))."""
+    """act(y) in fp32 as the sm90 epilogue computes it (`h + h * tanh(u)`, module docstring), with torch.tanh for
+    the kernel's tanh.approx. Not the exact GELU: within ``GELU_FIT_ERROR * max(1, |y|)`` of it (SiLU: exact up to
+    fp32 rounding). Computed in y's dtype (fp32 from the epilogue; float64 evaluates the formula itself)."""
+    h = 0.5 * y
     if activation == "gelu":
-        return 0.5 * y * (1.0 + torch.erf(y * (1.0 / math.sqrt(2.0))))
-    return y / (1.0 + torch.exp(-y))
+        x2 = (y * y).clamp_max(GELU_X2_MAX)
+        t = torch.tanh(y * ((GELU_C * x2 + GELU_B) * x2 + GELU_A))
+    else:
+        t = torch.tanh(h)
+    return h + h * t
+
+
+def epilogue_fma_fp32(acc: torch.Tensor, scale_a, scale_w, bias) -> torch.Tensor:
+    """The activation variants' ``y = fma(scale_a, fp32(scale_w * float(acc)), bias)`` ([M, N] fp32). scale_a times
+    the fp32 product is exact in float64 (two 24-bit significands), so one float64 add and the rounding to fp32
+    give the fused multiply-add (up to a double rounding, about once in 2^29 values)."""
+    t = scale_w.reshape(1, -1).float() * acc.float()
+    y = scale_a.reshape(-1, 1).double() * t.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y.float()
+
+
+def tanh_error_bound(y: torch.Tensor, activation: str) -> torch.Tensor:
+    """The largest |act_kernel(y) - apply_activation(y)| the kernel's tanh.approx.f32 allows (float64, y's shape):
+    ``|h * tanh(u)| * 2^-11`` (its documented relative error), plus 2^-22 |h| for the fp32 rounding of the FMAs
+    and the approximate 1 / out_scale. Divide by out_scale for quantization steps."""
+    yd = y.double()
+    h = 0.5 * yd
+    if activation == "gelu":
+        x2 = (yd * yd).clamp_max(GELU_X2_MAX)
+        t = torch.tanh(yd * ((GELU_C * x2 + GELU_B) * x2 + GELU_A))
+    else:
+        t = torch.tanh(h)
+    return (h * t).abs() * TANH_APPROX_REL_ERROR + h.abs() * 2.0 ** -22
 
 
 def reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation) -> torch.Tensor:
     n, k = w.shape
-    y = ops._epilogue_fp32(ops.int_acc(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    y = epilogue_fma_fp32(ops.int_acc(a.reshape(-1, k), w), scale_a, scale_w, bias)
     q = torch.round(apply_activation(y, activation) / out_scale.reshape(-1, 1)).clamp_min(-128.0).clamp_max(127.0)
     return q.to(torch.int8).reshape(*a.shape[:-1], n)
 
@@ -68,14 +106,15 @@ def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 
 
-# The activation epilogue (an exp and a reciprocal per element for SiLU; a polynomial erf and an exp for GELU) costs
-# more than the fp16 epilogue the int8 wave model was fitted on (heuristic.py). Where no measured entry exists for
+# The activation epilogue (one tanh and 4-8 FMA-pipe instructions per element, docs/kernels.md) costs more than
+# the fp16 epilogue the int8 wave model was fitted on (heuristic.py). Where no measured entry exists for
 # the signature, the untuned answer is the wave model's argmin among these tiles. Measured on the H200
 # (benchmarks/act_quant_gemm.py, device step act-quant-bench, benchmarks/logs/sm90_act_quant_gemm.json): the
 # 2x1-cluster ping-pong tile, which the model picks at large M, lost with the activation epilogue (Whisper-small
 # fc1, M=12000 3072x768 GELU: 110.1 us vs 92.0 for t128x256x128_c1x1_coop, which the model picks without it);
 # without it the model's pick was the measured best act-quant tile at all four points (Conformer M fc1/fc2 shapes
 # with SiLU, Whisper-small fc1/fc2 shapes with GELU). Four points: a small basis; a measured DB entry overrides it.
+# (Measured with the previous, two-MUFU epilogue: worth re-measuring with act-quant-bench.)
 ACT_HEURISTIC_TILES: tuple[str, ...] | None = (
     "t64x64x128_c1x1_pp", "t64x128x128_c1x1_pp", "t64x256x128_c1x1_pp",
     "t128x64x128_c1x1_coop", "t128x128x128_c1x1_coop", "t128x256x128_c1x1_coop",

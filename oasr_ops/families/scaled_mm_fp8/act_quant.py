@@ -8,16 +8,19 @@ str activation, str config) -> Tensor``
     As `oasr::scaled_mm_fp8_quant` (same operands, checks and tiles: the DB op is ``scaled_mm_fp8_quant``), with
     ``activation`` in ``("gelu", "silu")`` applied in fp32 after the bias and before the quantization::
 
-        y = scale_a[:, None] * (scale_w[None, :] * acc) (+ bias);  q = e4m3(clamp(act(y) / out_scale, -448, 448))
+        y = fma(scale_a[:, None], scale_w[None, :] * acc, bias);  q = e4m3(clamp(act(y) / out_scale, -448, 448))
 
     out_scale is the calibrated per-tensor scale of the next GEMM's input (`oasr_ops.calibrate`: amax / 448),
     shape [1] (or [M]); the next `scaled_mm_fp8` reads the e4m3 output with ``scale_a = out_scale``.
 
 CUDA runs the ``fp8_<activation>`` variant of the sm90 lane's data-parallel tiles (templates/sm90_scaled_mm_fp8.cu.j2,
-a branch of its own: the other variants render byte-identically) with the int8 epilogue's fast math (ex2/rcp.approx,
-the polynomial erf) and the quantization as ``act(y) * rcp.approx(out_scale)``; a value may differ from the
-reference by one e4m3 step where act(y) / out_scale lies within a few fp32 ulp of a rounding boundary (besides
-what the fp32 accumulation differs from the reference's float64 one, as for every fp8 kernel). The sm89 lane has no
+a branch of its own: the other variants render byte-identically) with the int8 epilogue's math (act(y) = h + h *
+tanh(u), one tanh.approx.f32; `apply_activation`, docs/kernels.md "act-quant epilogue") and the quantization as
+``act(y) * rcp.approx(out_scale)`` converted by cvt.rn.satfinite (which saturates to +-448 itself). A value differs
+from this reference (which has an exact tanh) by at most ``tanh_error_bound(y) / out_scale`` plus its e4m3 rounding
+(besides what the fp32 accumulation differs from the reference's float64 one, as for every fp8 kernel): one e4m3
+step where that bound is below the step, more in the activations' negative tails, where the bound is absolute
+(2^-12 |y|) and the e4m3 steps of the near-zero outputs are smaller. The sm89 lane has no
 activation epilogue: on sm89 (and wherever no fp8 lane exists) ``auto`` serves the ``torch`` path
 (torch._scaled_mm + this formula in eager ops), and an sm89 config id is refused with a ValueError. CPU runs the
 reference.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..autograd import inference_only
-from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation
+from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation, epilogue_fma_fp32
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
 from ..scaled_mm.out_scale import check_out_scale
 from ...runtime import select as _select
@@ -51,7 +54,7 @@ def act_quant_fp8(y: torch.Tensor, out_scale: torch.Tensor, activation: str) -> 
 
 def reference_scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation) -> torch.Tensor:
     n, k = w.shape
-    y = epilogue_fp32(acc64(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    y = epilogue_fma_fp32(acc64(a.reshape(-1, k), w), scale_a, scale_w, bias)
     return act_quant_fp8(y, out_scale, activation).reshape(*a.shape[:-1], n)
 
 
