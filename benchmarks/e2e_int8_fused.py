@@ -13,7 +13,8 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
   calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2; there is no fp8
   layer_norm_quant, so no fp8 counterpart of int8-fused) and, with --with-unfused, fp8-all (every qualifying layer
   fp8, fusion pass off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
-  (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py).
+  (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res and
+  -sib compiled with Inductor's freezing, -frz).
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
@@ -32,9 +33,15 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config  # noqa: F401  (torch._inductor.config.patch: the -frz variants)
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
+
+
+# a variant option of this benchmark's own (not the backend's): compile with torch._inductor.config.freezing, set
+# around the first call (an `options` entry would come too late: Dynamo decides then whether weights are inputs)
+FREEZE = "_freezing"
 
 
 def _kwargs(s):
@@ -167,6 +174,10 @@ def main() -> int:
                    help="also time int8-fused-sib: int8-fused-res (fuse_quantization=True, fuse_residual=True) with "
                         "fuse_siblings=True (the q/k/v GEMMs sharing layer_norm_quant's int8 rows as one GEMM of "
                         "N = 3d on the concatenated weights; off by default until this measures it)")
+    p.add_argument("--with-freezing", action="store_true",
+                   help="also time int8-fused-res-frz and int8-fused-sib-frz: those variants compiled with "
+                        "torch._inductor.config.freezing (weights as constants: the concatenation of the sibling "
+                        "pass's weights is folded at compile time instead of running every call)")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -231,6 +242,12 @@ def main() -> int:
     if a.with_siblings:
         variants["int8-fused-sib"] = (copy.deepcopy(qmodel), oasr_backend,
                                       {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True})
+    if a.with_freezing:  # the weights as constants: the sibling pass's per-call cats fold away
+        variants["int8-fused-res-frz"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": True, "fuse_residual": True, FREEZE: True})
+        variants["int8-fused-sib-frz"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True,
+                                           FREEZE: True})
     if a.with_all_res:
         # every qualifying Linear int8 (the attention out-projection too: its residual add rides in its epilogue,
         # its input quantization is a separate pass), calibrated, LayerNorms + fc1 fused, residuals fused
@@ -259,12 +276,15 @@ def main() -> int:
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()
             before, before_res, before_sib = len(fuse_quant.fuse_log()), len(residual_log()), len(sibling_log())
+            opts = dict(opts)
+            freeze = opts.pop(FREEZE, False)
             if backend == "inductor":
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
                 fn = torch.compile(m, backend=backend, options={**opts, "mode": mode})
             t0 = time.perf_counter()
-            out = fn(*x)
+            with torch._inductor.config.patch(freezing=freeze):  # traced and compiled on this first call
+                out = fn(*x)
             if cuda:
                 torch.cuda.synchronize()
             res["first_call_s"][name] = time.perf_counter() - t0
@@ -329,8 +349,10 @@ def main() -> int:
         res["profile"] = {}
         for n in names:
             m, backend, opts = variants[n]
-            res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
-                                 profile(m, "oasr+int8", x[0], a.profile, False, opts))
+            opts = dict(opts)
+            with torch._inductor.config.patch(freezing=opts.pop(FREEZE, False)):
+                res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
+                                     profile(m, "oasr+int8", x[0], a.profile, False, opts))
     res["tuning_report"] = oasr_ops.tuning_report(print_=False)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

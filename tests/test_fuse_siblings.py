@@ -19,7 +19,7 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant, fuse_siblings
 from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import calls, compile_captured
+from _fx_capture import Capture, calls, compile_captured
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
@@ -63,9 +63,10 @@ def test_whisper_block_qkv_become_one_gemm_bit_identical(batch, frames):
     fused, = calls(g, OPS.scaled_mm)
     assert fused.args[1].target is torch.ops.aten.cat.default and len(fused.args[1].args[0]) == 3
     assert fused.args[0].args[0].args[0].target is OPS.layer_norm_quant.default  # reshape(getitem(lnq, 0))
-    # key has no bias: zeros of its width in the middle of the bias cat
+    # key has no bias: zeros of its width (from its weight) in the middle of the bias cat
     bias_parts = fused.args[4].args[0]
-    assert bias_parts[1].target is torch.ops.aten.full.default and bias_parts[1].args[0] == [64]
+    assert bias_parts[0].op == bias_parts[2].op == "placeholder" and bias_parts[1].op == "call_function"
+    assert bias_parts[1].meta["val"].shape == (64,) and bias_parts[1].meta["val"].dtype == torch.float16
     assert [(r.groups, r.widths, r.unfused) for r in reps] == [(1, [[64, 64, 64]], [])]
     assert torch.equal(out, ref)
     # and the int8 block stays close to the fp32 one (a sanity check of the whole path, not of the pass)
@@ -148,6 +149,30 @@ def test_dynamic_true_compiles_with_the_layer_norm_left_to_inductor():
         ref = model(x)
     for o, r in zip(out, ref):
         assert (o - r).abs().max().item() <= 2e-2 * r.abs().max().item()
+
+
+def test_under_freezing_the_cats_fold_into_constants():
+    # the global flag, set before compiling: Dynamo then emits the weights as get_attr nodes at their first use
+    # (the pass hoists those too) and Inductor's constant folding turns every cat into a frozen parameter
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    block = _whisper_block()
+    x = torch.randn(2, 9, 64, dtype=torch.float16)
+    q = _quantized_calibrated(block, x)
+    outs, graphs = {}, {}
+    with inductor_config.patch(freezing=True):
+        for sib in (False, True):
+            torch.compiler.reset()
+            cap = Capture()
+            opts = {"fuse_quantization": True, "fuse_siblings": sib, "post_grad_custom_pre_pass": cap}
+            with torch.no_grad():
+                outs[sib] = torch.compile(copy.deepcopy(q), backend=oasr_backend, options=opts)(x)
+            # freezing compiles its constant subgraph too: the model's graph is the one with the GEMMs
+            graphs[sib] = next(g for g in cap.graphs if calls(g, OPS.layer_norm_quant))
+    assert len(calls(graphs[False], OPS.scaled_mm)) == 3 and len(calls(graphs[True], OPS.scaled_mm)) == 1
+    assert not calls(graphs[True], torch.ops.aten.cat)  # weight, scale and bias (key's zeros too) cats: constants
+    assert torch.equal(outs[True], outs[False])
 
 
 def test_default_is_off():

@@ -10,7 +10,7 @@ same `a` node, the same `scale_a` node, the same out_dtype and K: an attention b
 
 Per column the arithmetic is the same as the sibling's own GEMM (the exact int32 accumulator, then
 ``scale_a * scale_w * acc + bias`` in fp32, rounded once), so the result is bit-identical; a missing bias becomes
-zeros of its width in the out_dtype (``y + 0`` is y), and all-None stays None. ``cfg``: "auto" (the post-grad
+zeros of its width in the out_dtype (``y + 0`` is y; computed from that weight so that freezing folds it too), and all-None stays None. ``cfg``: "auto" (the post-grad
 rewrite then picks the DB entry or the int8 heuristic for the fused N), except when every sibling named the same
 explicit config: that pin is kept (a tile is valid for any N % 8; the user chose it).
 
@@ -103,9 +103,10 @@ def _param_closure(n, out: list[torch.fx.Node]) -> bool:
         return True
     if not isinstance(n, torch.fx.Node):
         return False
-    if n.op in ("placeholder", "get_attr"):
+    if n in out or n.op == "placeholder":  # Dynamo's placeholders come first
         return True
-    if n in out:
+    if n.op == "get_attr":  # no inputs; under freezing Dynamo emits the weights as get_attr at their first use
+        out.append(n)
         return True
     ok = n.op == "call_method" and n.target in _PARAM_METHODS
     ok = ok or (n.op == "call_function" and (n.target is operator.getitem
@@ -177,6 +178,15 @@ def _sibling(node: torch.fx.Node) -> tuple[_Sibling | None, str | None]:
                     views), None
 
 
+def _zeros_from(g: torch.fx.Graph, w: torch.fx.Node, out_dtype: torch.dtype) -> torch.fx.Node:
+    """Zeros [N] in `out_dtype` computed from the int8 weight [N, K] (``w[:, 0] - w[:, 0]``, exact in int8), not a
+    constructor: Inductor's constant folding skips constructors (``aten.full``; ``x * 0`` is simplified into one),
+    so under freezing a cat with ``new_zeros`` would stay a per-call kernel, while this one folds with the weights.
+    Without freezing Inductor fuses the pointwise into the cat."""
+    col = g.call_function(operator.getitem, (w, (slice(None), 0)))
+    return g.call_method("to", (g.call_function(operator.sub, (col, col)), out_dtype))
+
+
 def _fuse(g: torch.fx.Graph, sibs: list[_Sibling], out_dtype: torch.dtype, rep: SiblingReport) -> None:
     first = sibs[0].node
     hoisted: list[torch.fx.Node] = []
@@ -193,8 +203,7 @@ def _fuse(g: torch.fx.Graph, sibs: list[_Sibling], out_dtype: torch.dtype, rep: 
         sw = g.call_function(torch.cat, ([s.scale_w for s in sibs], 0))
         bias = None
         if any_bias:
-            parts = [s.bias if s.bias is not None else
-                     g.call_method("new_zeros", (s.w, (s.n,)), {"dtype": out_dtype}) for s in sibs]
+            parts = [s.bias if s.bias is not None else _zeros_from(g, s.w, out_dtype) for s in sibs]
             bias = g.call_function(torch.cat, (parts, 0))
         a, sa = first.args[0], first.args[2]
         y = g.call_function(torch.ops.oasr.scaled_mm.default, (a, w, sa, sw, bias, out_dtype, config))
