@@ -31,7 +31,8 @@ non-default):
 * ``options={"fuse_siblings": ...}`` (default: off; to be on with ``fuse_quantization`` once measured): int8 GEMMs
   that read the same quantized input (an attention block's q / k / v after `oasr.layer_norm_quant`) become one
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
-  after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor freezing).
+  after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor's
+  freezing, ``torch._inductor.config.freezing = True`` before compiling).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not

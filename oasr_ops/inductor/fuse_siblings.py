@@ -3,23 +3,28 @@ input become one wider GEMM, on Dynamo's graph (issue 15).
 
 Matched: two or more ``oasr.scaled_mm(a, w_i, scale_a, scale_w_i, bias_i, out_dtype, config_i)`` calls with the
 same `a` node, the same `scale_a` node, the same out_dtype and K: an attention block's query / key / value after
-`fuse_quant` gave them one `oasr.layer_norm_quant` (or one per-token quantization). Rewritten to::
+`fuse_quant` gave them one `oasr.layer_norm_quant` (``fuse_quantization=True``; with ``"act"`` or without it each
+linear quantizes its own input, so there are no siblings to find). Rewritten to::
 
     y = scaled_mm(a, cat([w_1, .., w_n]), scale_a, cat([sw_1, .., sw_n]), cat([b_1, .., b_n]), out_dtype, cfg)
     out_i = narrow(y, -1, offset_i, N_i)         # a column slice: a strided view [M, N_i], row stride sum(N)
 
 Per column the arithmetic is the same as the sibling's own GEMM (the exact int32 accumulator, then
-``scale_a * scale_w * acc + bias`` in fp32, rounded once), so the result is bit-identical; a missing bias becomes
-zeros of its width in the out_dtype (``y + 0`` is y; computed from that weight so that freezing folds it too), and all-None stays None. ``cfg``: "auto" (the post-grad
-rewrite then picks the DB entry or the int8 heuristic for the fused N), except when every sibling named the same
-explicit config: that pin is kept (a tile is valid for any N % 8; the user chose it).
+``scale_a * scale_w * acc + bias`` in fp32, rounded once), so the result is bit-identical. A missing bias becomes
+zeros of its width in the out_dtype (``y + 0`` is y), computed from that weight so that freezing folds it too;
+all-None stays None. ``cfg``: "auto" (the post-grad rewrite then picks the DB entry or the int8 heuristic for the
+fused N), except when every sibling named the same explicit config: that pin is kept (a tile is valid for any
+N % 8, and the user chose it); mixed pins fall back to "auto".
 
 Why it can pay: one launch instead of n, and a wave count rounded up once instead of n times (Whisper small's
 q/k/v: M = 12000, N = 768, K = 768, ~22 us each on the H200; fused N = 2304). What it costs: the weights, scales and
 biases are graph inputs (buffers of `QuantLinear`), so the ``cat``s run on every call: 3 x 768 x 768 int8 = 1.7 MB
 read and written per Whisper-small layer, plus two small cats (Inductor's kernels, memory-bound, a few us).
-Under Inductor's freezing (``torch._inductor.config.freezing = True``) the cats depend only on constants and are
-constant-folded: paid once. Measured or not: docs/perf/e2e.md; off by default until a GPU measurement says it pays.
+Under Inductor's freezing (``torch._inductor.config.freezing = True`` set before compiling, not as an
+``options`` entry: Dynamo decides while tracing whether the weights are graph inputs) they are constants and
+Inductor's constant folding turns every cat into a frozen tensor: paid once (tests/test_fuse_siblings.py; the
+benchmark's ``--with-freezing`` variants). Measured or not: docs/perf/e2e.md; off by default until a GPU
+measurement says it pays.
 
 The column slices are strided. Every ATen op reads a strided tensor; only ``view`` can refuse one (a view that
 merges the sliced rows with the columns), so within the chain of views after a sibling (``reshape``, ``view``,
