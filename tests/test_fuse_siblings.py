@@ -79,15 +79,16 @@ class QKV(nn.Module):
     """q / k / v Linears after one LayerNorm (k without bias, as Whisper), read by pointwise consumers (exact:
     the outputs are the GEMMs' values times 2). `k_dtype` makes key a layer of that dtype (its GEMM writes it);
     `split_input` gives q its own LayerNorm; `return_k` returns k as it is; `k_in_place` modifies k in place;
-    `flat_q` views q as [B, T * N]."""
+    `flat_q` views q as [B, T * N]; `k_linear` feeds k to an fp16 Linear."""
 
     def __init__(self, d=64, biases=(True, False, True), k_dtype=None, split_input=False, return_k=False,
-                 k_in_place=False, flat_q=False):
+                 k_in_place=False, flat_q=False, k_linear=False):
         super().__init__()
         self.ln, self.ln_q = nn.LayerNorm(d), nn.LayerNorm(d)
         self.q, self.k, self.v = (nn.Linear(d, n, bias=b) for n, b in zip((d, d, 2 * d), biases))
         self.k_dtype, self.split_input, self.return_k, self.k_in_place = k_dtype, split_input, return_k, k_in_place
-        self.flat_q = flat_q
+        self.flat_q, self.k_linear = flat_q, k_linear
+        self.k_out = nn.Linear(d, d)
 
     def forward(self, x):
         h = self.ln(x)
@@ -95,6 +96,8 @@ class QKV(nn.Module):
         k = self.k(h)  # a bf16 key layer reads the fp16 row too: its GEMM writes bf16, cast back to fp16
         if self.k_in_place:
             k.mul_(2)
+        if self.k_linear:  # an fp16 linear reads k (as an attention out-projection would read its input)
+            k = self.k_out(k)
         v = self.v(h)
         if self.flat_q:  # merges the rows with the columns: no view of a column slice can do that
             q = q.view(q.shape[0], -1)
@@ -111,7 +114,7 @@ def _qkv(**kw):
 
 
 def _quantized(model, x):
-    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=lambda m, fqn: fqn != "k_out")
     oasr_ops.calibrate(q, [x])
     return q
 
@@ -224,7 +227,8 @@ def test_different_input_is_not_fused():
 
 
 @pytest.mark.parametrize("kw,why", [({"return_k": True}, "returned by the graph"),
-                                    ({"k_in_place": True}, "modified in place")])
+                                    ({"k_in_place": True}, "modified in place"),
+                                    ({"k_linear": True}, "feeds a linear")])
 def test_sites_left_with_why(kw, why):
     x = torch.randn(2, 5, 64, dtype=torch.float16)
     model = _quantized(_qkv(**kw), x)

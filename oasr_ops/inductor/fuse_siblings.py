@@ -32,7 +32,9 @@ merges the sliced rows with the columns), so within the chain of views after a s
 one exists (Whisper's ``.view(b, t, h, hd).transpose(1, 2)`` splits only the columns: no copy), a copy otherwise.
 Not fused (the site is reported): a sibling whose output, through views, is returned by the graph (the caller
 would get a strided tensor where it had a contiguous one) or is modified in place (the view semantics of a
-mutation would change); weights, scales or biases that are not computed from graph inputs / constants alone (they
+mutation would change) or read by a linear (the backend's fp16 GEMM rewrite serves only inputs known to be
+contiguous: a strided one would fall back to ATen's mm, and a copy costs an [M, N_i] round trip, more than the
+fusion saves); weights, scales or biases that are not computed from graph inputs / constants alone (they
 are hoisted to the first sibling), or whose shape is not static; a fused N that is not a multiple of 8.
 
 Why on Dynamo's graph: the same as `fuse_quant` (our ops and the views are single nodes there, and the result is
@@ -58,6 +60,7 @@ _ALIAS_METHODS = {"reshape", "view", "view_as", "reshape_as", "transpose", "perm
 _ALIAS_FUNCTIONS = {restore_rows, torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.narrow,
                     torch.split, torch.chunk, torch.unbind, torch.t, torch.squeeze, torch.unsqueeze, torch.select,
                     operator.getitem, torch.Tensor.contiguous}
+_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _VIEW_TO_RESHAPE = {"view": "reshape", "view_as": "reshape_as"}
 # what a weight / scale / bias may be computed by (from graph inputs and constants alone): slices of a
 # `QuantLinear`'s ``scales`` buffer, the in-graph weight quantization of ``options={"quantization": ...}``
@@ -145,6 +148,9 @@ def _output_views(gemm: torch.fx.Node) -> tuple[list[torch.fx.Node], str | None]
                 return [], "its output is returned by the graph (the caller would get a strided view)"
             if _mutates(u):
                 return [], f"its output is modified in place ({u.target})"
+            if u.op == "call_function" and u.target in _LINEARS and u.args and u.args[0] is n:
+                return [], ("its output feeds a linear (the GEMM rewrite takes only contiguous inputs, and a copy "
+                            "costs more than the fusion saves)")
             if _aliases(u):
                 if u.op == "call_method" and u.target in _VIEW_TO_RESHAPE and u.args[0] is n:
                     views.append(u)
