@@ -261,6 +261,9 @@ def main() -> int:
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
+    for _m, _backend, opts in variants.values():  # only the -sib variants fuse siblings, whatever the default
+        if "fuse_quantization" in opts:
+            opts.setdefault("fuse_siblings", False)
     if fp8:  # the fp8 variants replace the int8 ones (docstring)
         variants = {"fp16": variants["fp16"],
                     "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"})}
