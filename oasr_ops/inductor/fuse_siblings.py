@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .quant_patterns import _SCALED_MM, _mutates, eliminate_dead_code, restore_rows
+from .quant_patterns import _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
 
 N_ALIGN = 8   # the int8 kernels write output rows 128 bits at a time (ops._check: N % 8)
 K_ALIGN = 16  # and read int8 operands 16 at a time (K % 16)
@@ -146,7 +146,7 @@ def _output_views(gemm: torch.fx.Node) -> tuple[list[torch.fx.Node], str | None]
             seen.add(u)
             if u.op == "output":
                 return [], "its output is returned by the graph (the caller would get a strided view)"
-            if _mutates(u):
+            if mutates_in_place(u):
                 return [], f"its output is modified in place ({u.target})"
             if u.op == "call_function" and u.target in _LINEARS and u.args and u.args[0] is n:
                 return [], ("its output feeds a linear (the GEMM rewrite takes only contiguous inputs, and a copy "

@@ -14,7 +14,7 @@ def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def _mutates(n: torch.fx.Node) -> bool:
+def mutates_in_place(n: torch.fx.Node) -> bool:
     """`n` modifies a tensor in place (``x.mul_(2)``, ``x += y``): FX's purity check sees only call_function side
     effects, so a method call like ``mul_`` whose result nobody reads looks dead."""
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "") if n.op == "call_function" else ""
@@ -23,9 +23,12 @@ def _mutates(n: torch.fx.Node) -> bool:
 
 
 def eliminate_dead_code(graph: torch.fx.Graph) -> None:
-    """`graph.eliminate_dead_code` keeping in-place updates (`_mutates`): the passes drop the nodes they replaced,
-    never a user's ``k.mul_(2)``."""
-    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or _mutates(n))
+    """`graph.eliminate_dead_code` keeping in-place updates (`mutates_in_place`): the passes drop the nodes they
+    replaced, never a user's ``k.mul_(2)``. Written out (users before producers, as FX does) rather than through
+    its ``is_impure_node`` hook, which not every supported torch has."""
+    for n in reversed(list(graph.nodes)):
+        if not n.users and not n.is_impure() and not mutates_in_place(n):
+            graph.erase_node(n)
 
 
 _QUANT = {torch.ops.oasr.quantize_per_token, torch.ops.oasr.quantize_per_token.default}
