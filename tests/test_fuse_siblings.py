@@ -178,6 +178,18 @@ def test_under_freezing_the_cats_fold_into_constants():
     assert torch.equal(outs[True], outs[False])
 
 
+@pytest.mark.parametrize("siblings", [False, True])
+def test_an_in_place_update_survives_the_passes(siblings):
+    # regression: the passes' dead-code elimination took ``k.mul_(2)`` (a method call nobody reads) for dead code
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    model = _quantized(_qkv(k_in_place=True), x)
+    out, _g = compile_captured(model, x, fuse_quantization=True, fuse_residual=True, fuse_siblings=siblings)
+    with torch.no_grad():
+        ref = model(x)
+    for o, r in zip(out, ref):
+        assert (o - r).abs().max().item() <= 2e-2 * r.abs().max().item()
+
+
 def test_default_is_off():
     x = torch.randn(5, 64, dtype=torch.float16)
     model = _quantized(_qkv(), x)
