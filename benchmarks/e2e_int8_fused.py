@@ -12,7 +12,9 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
 --quantization fp8_w8a8: the same with e4m3 (`quantize_(model, "fp8_w8a8")`): fp8-fused-act (the fusable layers,
   calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2; there is no fp8
   layer_norm_quant, so no fp8 counterpart of int8-fused) and, with --with-unfused, fp8-all (every qualifying layer
-  fp8, fusion pass off). --with-act-only / --with-layout-opt are int8 variants.
+  fp8, fusion pass off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
+  (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res and
+  -sib compiled with Inductor's freezing, -frz).
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
@@ -31,9 +33,15 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config  # noqa: F401  (torch._inductor.config.patch: the -frz variants)
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
+
+
+# a variant option of this benchmark's own (not the backend's): compile with torch._inductor.config.freezing, set
+# around the first call (an `options` entry would come too late: Dynamo decides then whether weights are inputs)
+FREEZE = "_freezing"
 
 
 def _kwargs(s):
@@ -162,6 +170,14 @@ def main() -> int:
                    help="also time int8-fused-act-res: int8-fused-act with the residual add in fc2's epilogue "
                         "(oasr.scaled_mm_residual; the backend's default with fuse_quantization, which the other "
                         "int8-fused variants turn off to measure what they name)")
+    p.add_argument("--with-siblings", action="store_true",
+                   help="also time int8-fused-sib: int8-fused-res (fuse_quantization=True, fuse_residual=True) with "
+                        "fuse_siblings=True (the q/k/v GEMMs sharing layer_norm_quant's int8 rows as one GEMM of "
+                        "N = 3d on the concatenated weights; off by default until this measures it)")
+    p.add_argument("--with-freezing", action="store_true",
+                   help="also time int8-fused-res-frz and int8-fused-sib-frz: those variants compiled with "
+                        "torch._inductor.config.freezing (weights as constants: the concatenation of the sibling "
+                        "pass's weights is folded at compile time instead of running every call)")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -193,6 +209,7 @@ def main() -> int:
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
     from oasr_ops.inductor.fuse_residual import residual_log
+    from oasr_ops.inductor.fuse_siblings import sibling_log
 
     dev, cuda = a.device, a.device == "cuda"
     mode = "reduce-overhead" if cuda else "default"
@@ -234,6 +251,15 @@ def main() -> int:
                                           {"fuse_quantization": "act", "fuse_residual": True})
         variants["int8-fused-res"] = (copy.deepcopy(qmodel), oasr_backend,
                                       {"fuse_quantization": True, "fuse_residual": True})
+    if a.with_siblings:
+        variants["int8-fused-sib"] = (copy.deepcopy(qmodel), oasr_backend,
+                                      {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True})
+    if a.with_freezing:  # the weights as constants: the sibling pass's per-call cats fold away
+        variants["int8-fused-res-frz"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": True, "fuse_residual": True, FREEZE: True})
+        variants["int8-fused-sib-frz"] = (copy.deepcopy(qmodel), oasr_backend,
+                                          {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True,
+                                           FREEZE: True})
     if a.with_all_res:
         # every qualifying Linear int8 (the attention out-projection too: its residual add rides in its epilogue,
         # its input quantization is a separate pass), calibrated, LayerNorms + fc1 fused, residuals fused
@@ -247,6 +273,9 @@ def main() -> int:
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
+    for _m, _backend, opts in variants.values():  # only the -sib variants fuse siblings, whatever the default
+        if "fuse_quantization" in opts:
+            opts.setdefault("fuse_siblings", False)
     if fp8:  # the fp8 variants replace the int8 ones (docstring)
         variants = {"fp16": variants["fp16"],
                     "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"})}
@@ -267,13 +296,16 @@ def main() -> int:
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()
-            before, before_res = len(fuse_quant.fuse_log()), len(residual_log())
+            before, before_res, before_sib = len(fuse_quant.fuse_log()), len(residual_log()), len(sibling_log())
+            opts = dict(opts)
+            freeze = opts.pop(FREEZE, False)
             if backend == "inductor":
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
                 fn = torch.compile(m, backend=backend, options={**opts, "mode": mode})
             t0 = time.perf_counter()
-            out = fn(*x)
+            with torch._inductor.config.patch(freezing=freeze):  # traced and compiled on this first call
+                out = fn(*x)
             if cuda:
                 torch.cuda.synchronize()
             res["first_call_s"][name] = time.perf_counter() - t0
@@ -290,8 +322,14 @@ def main() -> int:
                 rr = residual_log()[before_res:]
                 res.setdefault("residual", {})[name] = {"fused": sum(r.fused for r in rr),
                                                         "unfused": [u for r in rr for u in r.unfused][:20]}
+            if any(r.groups or r.unfused for r in sibling_log()[before_sib:]):  # int8-fused-sib: q/k/v as one GEMM
+                sr = sibling_log()[before_sib:]
+                res.setdefault("siblings", {})[name] = {"groups": sum(r.groups for r in sr),
+                                                        "widths": sorted({str(w) for r in sr for w in r.widths}),
+                                                        "views_to_reshape": sum(r.views_to_reshape for r in sr),
+                                                        "unfused": [u for r in sr for u in r.unfused][:20]}
             print(name, res["first_call_s"][name], res["accuracy"][name], res.get("fusion", {}).get(name),
-                  res.get("residual", {}).get(name, ""), flush=True)
+                  res.get("residual", {}).get(name, ""), res.get("siblings", {}).get(name, ""), flush=True)
             fns[name] = fn
             res["round_ms"][name] = []
         for r in range(a.rounds if cuda else 0):
@@ -332,8 +370,10 @@ def main() -> int:
         res["profile"] = {}
         for n in names:
             m, backend, opts = variants[n]
-            res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
-                                 profile(m, "oasr+int8", x[0], a.profile, False, opts))
+            opts = dict(opts)
+            with torch._inductor.config.patch(freezing=opts.pop(FREEZE, False)):
+                res["profile"][n] = (profile(m, "inductor", x[0], a.profile, False) if backend == "inductor" else
+                                     profile(m, "oasr+int8", x[0], a.profile, False, opts))
     res["tuning_report"] = oasr_ops.tuning_report(print_=False)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

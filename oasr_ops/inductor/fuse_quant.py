@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
-                             _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, fusable_linears, restore_rows,
-                             through_views)
+                             _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
+                             fusable_linears, restore_rows, through_views)
 
 # calibrated quantization -> (the GEMMs whose activated output it may absorb, the fused op): int8, fp8
 _ACT_QUANT_RULES = (
@@ -168,7 +168,7 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
         _fuse_layer_norms(gm, [q for q in quants if q.target in _QUANT | _QUANT_CAL], rep)
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm.graph)
     left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     for n in left:
         producer = through_views(n.args[0])

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .quant_patterns import _QUANT, _QUANT_CAL, _SCALED_MM, restore_rows, through_views
+from .quant_patterns import _QUANT, _QUANT_CAL, _SCALED_MM, eliminate_dead_code, restore_rows, through_views
 
 _ADDS = {operator.add, torch.add}
 _MULS = {operator.mul, torch.mul}
@@ -187,7 +187,7 @@ def fuse_residual_adds(gm: torch.fx.GraphModule) -> ResidualReport:
         g.erase_node(add)
         rep.fused += 1
         rep.alphas.append(alpha)
-    g.eliminate_dead_code()
+    eliminate_dead_code(g)
     g.lint()
     gm.recompile()
     return rep

@@ -3,6 +3,8 @@ quantization can be fused into, seen on Dynamo's graph (views looked through, La
 `restore_rows`), and which linears int8 pays for."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -10,6 +12,23 @@ def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The quantized linear's [M, N] output back to x's leading dims (and dtype: an fp32 layer computes in fp16)."""
     y = y.reshape(*x.shape[:-1], y.shape[-1])
     return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def mutates_in_place(n: torch.fx.Node) -> bool:
+    """`n` modifies a tensor in place (``x.mul_(2)``, ``x += y``): FX's purity check sees only call_function side
+    effects, so a method call like ``mul_`` whose result nobody reads looks dead."""
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "") if n.op == "call_function" else ""
+    return isinstance(name, str) and name.endswith("_") and not name.startswith("_") or (
+        n.op == "call_function" and n.target in (operator.iadd, operator.isub, operator.imul, operator.itruediv))
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    """`graph.eliminate_dead_code` keeping in-place updates (`mutates_in_place`): the passes drop the nodes they
+    replaced, never a user's ``k.mul_(2)``. Written out (users before producers, as FX does) rather than through
+    its ``is_impure_node`` hook, which not every supported torch has."""
+    for n in reversed(list(graph.nodes)):
+        if not n.users and not n.is_impure() and not mutates_in_place(n):
+            graph.erase_node(n)
 
 
 _QUANT = {torch.ops.oasr.quantize_per_token, torch.ops.oasr.quantize_per_token.default}
@@ -60,7 +79,10 @@ def _layer_norm_args(n) -> tuple | None:
     shape = _arg(n, 1, "normalized_shape")
     if not isinstance(shape, (tuple, list)) or len(shape) != 1:
         return None
-    return n.args[0], _arg(n, 2, "weight"), _arg(n, 3, "bias"), float(_arg(n, 4, "eps", 1e-5))
+    eps = _arg(n, 4, "eps", 1e-5)
+    if not isinstance(eps, (int, float)):  # torch.compile(dynamic=True) makes it a graph input (`.item()` node)
+        return None
+    return n.args[0], _arg(n, 2, "weight"), _arg(n, 3, "bias"), float(eps)
 
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)

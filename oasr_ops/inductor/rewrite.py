@@ -134,7 +134,8 @@ def _family_sources() -> list[Path]:
 
     paths = [Path(__file__), Path(graph.__file__), Path(select.__file__), Path(plans.__file__),
              Path(__file__).with_name("quantize_pass.py"), Path(__file__).with_name("fuse_quant.py"),
-             Path(__file__).with_name("quant_patterns.py"), Path(__file__).with_name("fuse_residual.py")]
+             Path(__file__).with_name("quant_patterns.py"), Path(__file__).with_name("fuse_residual.py"),
+             Path(__file__).with_name("fuse_siblings.py")]
     for spec in registry.families().values():
         matcher = spec.handler("rewrite")
         if matcher is None:
