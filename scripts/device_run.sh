@@ -17,6 +17,7 @@
 #     `OASR_JIT_DIR=DIR OASR_CUDA_ARCH_LIST=9.0a oasr tune prebuild --all --jobs 2`, then `tar -cJf jit.tar.xz -C DIR .`)
 #     is unpacked into $TMPDIR/oasr-jit and OASR_JIT_DIR points there;
 #   - the GPU (name, clocks, temperature) and torch's version are printed.
+# E2E_FLAGS: extra flags for the e2e-*-v4 steps' benchmark (e.g. --recursive-dict-tags).
 # Each step tees its log to $OUT/<step>.log and writes its JSON next to it. Steps marked (writes db/) rebuild a
 # shipped tuning file in place: review the diff (`oasr tune diff`) before committing it.
 set -euo pipefail
@@ -98,6 +99,8 @@ STEPS=(
     "sib-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fuse_siblings_gpu.py"
     "e2e-whisper-int8-sib-prof|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 1 --iters 10 --with-residual --with-siblings --profile 3 --profile-variants int8-fused-res,int8-fused-sib --out \$OUT/e2e_int8_sib_whisper_small_profile.json"
     "e2e-whisper-int8-sib-frz|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --with-siblings --with-freezing --out \$OUT/e2e_int8_sib_frz_whisper_small.json"
+    "e2e-int8-v4|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts silu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.conformer:build_model --model-args size=M --inputs examples.conformer:example_inputs --input-args batch=16,frames=1000 --rounds 3 --iters 20 --with-act-only --with-residual --only int8-fused-res,int8-fused-act-res \${E2E_FLAGS:-} --out \$OUT/e2e_int8_v4_conformer_M.json"
+    "e2e-whisper-int8-v4|OASR_TUNE_USER_DB=off python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts gelu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation && OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --with-residual --with-siblings --only int8-fused-res,int8-fused-sib \${E2E_FLAGS:-} --out \$OUT/e2e_int8_v4_whisper_small.json"
     "fp8-fp16out-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_fp8_fp16_out_gpu.py"
     "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --out \$OUT/e2e_int8_fused_whisper_small.json"
 )
