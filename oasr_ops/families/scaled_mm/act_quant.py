@@ -106,19 +106,17 @@ def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 
 
-# The activation epilogue (one tanh and 4-8 FMA-pipe instructions per element, docs/kernels.md) costs more than
-# the fp16 epilogue the int8 wave model was fitted on (heuristic.py). Where no measured entry exists for
-# the signature, the untuned answer is the wave model's argmin among these tiles. Measured on the H200
-# (benchmarks/act_quant_gemm.py, device step act-quant-bench, benchmarks/logs/sm90_act_quant_gemm.json): the
-# 2x1-cluster ping-pong tile, which the model picks at large M, lost with the activation epilogue (Whisper-small
-# fc1, M=12000 3072x768 GELU: 110.1 us vs 92.0 for t128x256x128_c1x1_coop, which the model picks without it);
-# without it the model's pick was the measured best act-quant tile at all four points (Conformer M fc1/fc2 shapes
-# with SiLU, Whisper-small fc1/fc2 shapes with GELU). Four points: a small basis; a measured DB entry overrides it.
-# (Measured with the previous, two-MUFU epilogue: worth re-measuring with act-quant-bench.)
-ACT_HEURISTIC_TILES: tuple[str, ...] | None = (
-    "t64x64x128_c1x1_pp", "t64x128x128_c1x1_pp", "t64x256x128_c1x1_pp",
-    "t128x64x128_c1x1_coop", "t128x128x128_c1x1_coop", "t128x256x128_c1x1_coop",
-)
+# The tiles the untuned act-quant selection may pick (None: every tile of the int8 wave model, heuristic.py, the
+# quantizing op's own answer). History, both measured on the H200 (benchmarks/act_quant_gemm.py): with the first
+# fast-math epilogue (an exp and a reciprocal per element, ~27 instructions) the 2x1-cluster ping-pong tile, the
+# model's pick at large M, lost (Whisper-small fc1, M=12000 3072x768 GELU: 110.1 us vs 92.0 for
+# t128x256x128_c1x1_coop), so the selection was restricted to the data-parallel tiles without clusters. With the
+# one-tanh epilogue (docs/kernels.md, "The act-quant epilogue"; device step act-quant-fc1,
+# benchmarks/logs/sm90_act_quant_gemm_fc1_tanh.json) the unrestricted model's pick is the measured best act-quant
+# tile at both fc1 shapes measured: Whisper-small fc1 t128x128x128_c2x1_pp 64.9 us (t128x256x128 coop 74.5),
+# Conformer-M fc1 (3984x2048x512 SiLU) t128x256x128_c1x1_coop 14.8 us (c2x1_pp 15.4). Two points: a measured DB
+# entry overrides it. The restriction mechanism stays for a lane whose epilogue changes the ranking again.
+ACT_HEURISTIC_TILES: tuple[str, ...] | None = None
 
 
 def select_act_quant_config(n: int, k: int, m: int, arch: str | None = None) -> _select.Selection:
