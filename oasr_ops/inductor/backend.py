@@ -20,7 +20,10 @@ non-default):
 * ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`). Then, for every int8
   graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
-  calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}`` (off by default until it pays: docs/perf/e2e.md);
+  calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}``. It pays on the H200
+  (docs/perf/e2e.md, session 7: 1.3-1.45x fp16 Inductor) but stays a choice: its act-quant sites need calibrated
+  scales, and which mode is faster depends on the model (``"act"`` on the Conformer, ``True`` on the Whisper-style
+  encoder);
   ``"act"`` fuses only GEMM -> activation -> quantization and leaves the LayerNorms' quantization to Inductor.
   fp8 graphs (``"fp8_w8a8"``, either form) get GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant`; their LayerNorms'
   quantization always stays with Inductor (no fp8 layer_norm_quant: ``True`` warns once and acts as ``"act"``).
