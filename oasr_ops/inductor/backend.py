@@ -31,7 +31,7 @@ non-default):
   an int8 GEMM whose output is only added to the residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``) becomes
   one `oasr.scaled_mm_residual` call, the add in the GEMM's epilogue (`fuse_residual`); applied after the
   quantization fusion; ``True`` / ``False`` override the default.
-* ``options={"fuse_siblings": ...}`` (default: on with ``fuse_quantization``, off otherwise; measured): int8 GEMMs
+* ``options={"fuse_siblings": True}`` (opt-in; measured: lower latency, not higher throughput): int8 GEMMs
   that read the same quantized input (an attention block's q / k / v after `oasr.layer_norm_quant`) become one
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
   after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor's
@@ -97,12 +97,11 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         from .fuse_residual import fuse_residual_adds
 
         fuse_residual_adds(gm)
-    # int8 GEMMs sharing their quantized input (q/k/v) -> one GEMM of the summed N. On by default with
-    # fuse_quantization: measured on the H200 (docs/perf/e2e.md, session 7), Whisper-style small 2.7-3.2 % faster
-    # in three runs (5.401 -> 5.229, 5.469 -> 5.294, 5.407 -> 5.262 ms) even with the weight cats it runs per call;
-    # off without it (nothing shares a quantized input then). After fuse_residual: a GEMM whose output only feeds a
-    # residual add gains more there.
-    fuse_siblings = opts.pop("fuse_siblings", bool(fuse))
+    # int8 GEMMs sharing their quantized input (q/k/v) -> one GEMM of the summed N. Opt-in: measured on the H200
+    # (docs/perf/e2e.md, session 7), Whisper-style small synchronous calls 2.7-3.2 % faster in three runs but calls
+    # back to back 0.3-1.2 % slower (the weight cats run per call: fuse_siblings.py). After fuse_residual: a GEMM
+    # whose output only feeds a residual add gains more there.
+    fuse_siblings = opts.pop("fuse_siblings", False)
     if not isinstance(fuse_siblings, bool):
         raise ValueError(f"options['fuse_siblings'] must be True or False, got {fuse_siblings!r}")
     if fuse_siblings:

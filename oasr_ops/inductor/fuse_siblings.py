@@ -1,5 +1,4 @@
-"""The backend's sibling-GEMM pass (on with ``fuse_quantization``; ``options={"fuse_siblings": False}`` turns it
-off): int8 GEMMs that read the same quantized input become one wider GEMM, on Dynamo's graph (issue 15).
+"""The backend's sibling-GEMM pass (opt-in, ``options={"fuse_siblings": True}``): int8 GEMMs that read the same quantized input become one wider GEMM, on Dynamo's graph (issue 15).
 
 Matched: two or more ``oasr.scaled_mm(a, w_i, scale_a, scale_w_i, bias_i, out_dtype, config_i)`` calls with the
 same `a` node, the same `scale_a` node, the same out_dtype and K: an attention block's query / key / value after
@@ -24,7 +23,8 @@ Under Inductor's freezing (``torch._inductor.config.freezing = True`` set before
 ``options`` entry: Dynamo decides while tracing whether the weights are graph inputs) they are constants and
 Inductor's constant folding turns every cat into a frozen tensor: paid once (tests/test_fuse_siblings.py; the
 benchmark's ``--with-freezing`` variants). Measured on the H200 (docs/perf/e2e.md, session 7): Whisper-style small
-2.7-3.2 % faster end to end in three runs, the cats included (the freezing variants were not run).
+synchronous calls 2.7-3.2 % faster in three runs, calls back to back 0.3-1.2 % slower (the cats included; the
+freezing and profile variants were not run): a latency / throughput trade, hence opt-in.
 
 The column slices are strided. Every ATen op reads a strided tensor; only ``view`` can refuse one (a view that
 merges the sliced rows with the columns), so within the chain of views after a sibling (``reshape``, ``view``,
