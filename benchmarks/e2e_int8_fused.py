@@ -173,7 +173,7 @@ def main() -> int:
     p.add_argument("--with-siblings", action="store_true",
                    help="also time int8-fused-sib: int8-fused-res (fuse_quantization=True, fuse_residual=True) with "
                         "fuse_siblings=True (the q/k/v GEMMs sharing layer_norm_quant's int8 rows as one GEMM of "
-                        "N = 3d on the concatenated weights; off by default until this measures it)")
+                        "N = 3d on the concatenated weights; opt-in: docs/perf/e2e.md, session 7)")
     p.add_argument("--with-freezing", action="store_true",
                    help="also time int8-fused-res-frz and int8-fused-sib-frz: those variants compiled with "
                         "torch._inductor.config.freezing (weights as constants: the concatenation of the sibling "

@@ -41,16 +41,20 @@ _lib.define("scaled_mm_act_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scal
             "Tensor out_scale, str activation, str config) -> Tensor", tags=(torch.Tag.needs_fixed_stride_order,))
 
 
+def _half_and_tanh(y: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, t) of the epilogue's ``act(y) = h + h * t`` in y's dtype: h = y / 2, t = tanh(u) (u: module docstring)."""
+    h = 0.5 * y
+    if activation == "gelu":
+        x2 = (y * y).clamp_max(GELU_X2_MAX)
+        return h, torch.tanh(y * ((GELU_C * x2 + GELU_B) * x2 + GELU_A))
+    return h, torch.tanh(h)
+
+
 def apply_activation(y: torch.Tensor, activation: str) -> torch.Tensor:
     """act(y) in fp32 as the sm90 epilogue computes it (`h + h * tanh(u)`, module docstring), with torch.tanh for
     the kernel's tanh.approx. Not the exact GELU: within ``GELU_FIT_ERROR * max(1, |y|)`` of it (SiLU: exact up to
     fp32 rounding). Computed in y's dtype (fp32 from the epilogue; float64 evaluates the formula itself)."""
-    h = 0.5 * y
-    if activation == "gelu":
-        x2 = (y * y).clamp_max(GELU_X2_MAX)
-        t = torch.tanh(y * ((GELU_C * x2 + GELU_B) * x2 + GELU_A))
-    else:
-        t = torch.tanh(h)
+    h, t = _half_and_tanh(y, activation)
     return h + h * t
 
 
@@ -69,13 +73,7 @@ def tanh_error_bound(y: torch.Tensor, activation: str) -> torch.Tensor:
     """The largest |act_kernel(y) - apply_activation(y)| the kernel's tanh.approx.f32 allows (float64, y's shape):
     ``|h * tanh(u)| * 2^-11`` (its documented relative error), plus 2^-22 |h| for the fp32 rounding of the FMAs
     and the approximate 1 / out_scale. Divide by out_scale for quantization steps."""
-    yd = y.double()
-    h = 0.5 * yd
-    if activation == "gelu":
-        x2 = (yd * yd).clamp_max(GELU_X2_MAX)
-        t = torch.tanh(yd * ((GELU_C * x2 + GELU_B) * x2 + GELU_A))
-    else:
-        t = torch.tanh(h)
+    h, t = _half_and_tanh(y.double(), activation)
     return (h * t).abs() * TANH_APPROX_REL_ERROR + h.abs() * 2.0 ** -22
 
 
