@@ -96,7 +96,7 @@ def latency_ms(fn, x, iters: int) -> float:
     return statistics.median(ts)
 
 
-def call_overheads_ms(fn, x, iters: int) -> tuple[float, float]:
+def call_overheads_ms(fn, x, iters: int) -> tuple[float, float, list[float]]:
     """(host ms per call, pipelined ms per call). The latency above counts the host work before the launch (Dynamo's
     guards, the CUDA-graph tree's input checks: they grow with the number of parameter / buffer inputs) as GPU idle
     time; here the host time of one call (no sync inside it) and the time per call of `iters` calls back to back
@@ -114,7 +114,7 @@ def call_overheads_ms(fn, x, iters: int) -> tuple[float, float]:
         fn(*x)
     e.record()
     e.synchronize()
-    return statistics.median(host), s.elapsed_time(e) / iters
+    return statistics.median(host), s.elapsed_time(e) / iters, host
 
 
 def host_profile(fn, x, calls: int, top: int = 30) -> dict:
@@ -336,8 +336,11 @@ def main() -> int:
             order = list(fns) if r % 2 == 0 else list(fns)[::-1]
             for name in order:
                 res["round_ms"][name].append(latency_ms(fns[name], x, a.iters))
-                host, piped = call_overheads_ms(fns[name], x, a.iters)
+                host, piped, host_calls = call_overheads_ms(fns[name], x, a.iters)
                 res.setdefault("host_call_ms", {}).setdefault(name, []).append(host)
+                # every call's host time, not only the median: session 7 saw the median of one variant move
+                # 0.3 -> 0.85 ms between rounds; the spread within a round says whether that is a few outliers
+                res.setdefault("host_calls_ms", {}).setdefault(name, []).append([round(h, 4) for h in host_calls])
                 res.setdefault("pipelined_ms", {}).setdefault(name, []).append(piped)
             print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms (host {res['host_call_ms'][n][-1]:.3f},"
                                              f" pipelined {res['pipelined_ms'][n][-1]:.3f})" for n in fns), flush=True)
