@@ -76,6 +76,39 @@ def act_specs(lane, shapes, tiles, variants, prefix: str) -> list:
     return list(specs.values())
 
 
+def arm_timer(row: dict, time_graph, copies: int, calls: int, reps: int):
+    """``t(name, call)``: time one arm into ``row["us"][name]``; an arm that fails (a kernel that does not build)
+    records None and its error instead of losing the others."""
+    def t(name, call):
+        try:
+            row["us"][name] = time_graph(call, copies, calls, reps)
+        except Exception as e:
+            row["us"][name] = None
+            row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+            print(f"  {name}: {row['errors'][name]}", flush=True)
+    return t
+
+
+def report_row(row: dict, kinds: tuple[str, ...], ids: list[str], baselines: dict[str, str]) -> None:
+    """Set ``row["best"]`` (the fastest tile of each kind of arm, ``<kind>@<tile>``) and print the row: auto's pick,
+    the `baselines` (label -> arm name), and one line per tile with every kind's time."""
+    us = row["us"]
+    best = {kind: min(((v, kk) for kk, v in us.items() if kk.startswith(kind + "@") and v), default=(None, None))
+            for kind in kinds}
+    row["best"] = {kind: {"config": c.split("@")[1] if c else None, "us": v} for kind, (v, c) in best.items()}
+    fmt = lambda v: "   n/a" if v is None else f"{v:6.1f}"  # noqa: E731
+    auto = row["auto"]
+    print(f"\n{row['M']}x{row['N']}x{row['K']} {row['act']}: auto = {auto['config']} ({auto['tier']}), act_quant@auto "
+          f"{fmt(us.get('act_quant@auto'))} us; " + ", ".join(f"{label} {fmt(us.get(arm))}"
+                                                           for label, arm in baselines.items()), flush=True)
+    width = max((len(c) for c in ids), default=4)
+    print(f"  {'tile':{width}s} " + "  ".join(f"{kind:>9s}" for kind in kinds), flush=True)
+    for cid in ids:
+        print(f"  {cid:{width}s} " + "  ".join(f"{fmt(us.get(f'{kind}@{cid}')):>9s}" for kind in kinds), flush=True)
+    print("  best:", {kk: (v["config"], v["us"] and round(v["us"], 1)) for kk, v in row["best"].items()},
+          flush=True)
+
+
 def build(shapes, jobs: int) -> None:
     from oasr_ops.families.scaled_mm import ops
     from oasr_ops.families.scaled_mm.lanes import SM90_INT8_WGMMA as lane
@@ -116,14 +149,7 @@ def main() -> int:
         out_scale = torch.full((1,), 4.0 / 127, device=dev)
         f = act_fn(act)
         row: dict = {"M": m, "N": n, "K": k, "act": act, "us": {}}
-
-        def t(name, call):
-            try:
-                row["us"][name] = time_graph(call, copies, a.calls, a.reps)
-            except Exception as e:  # one arm failing (a kernel that does not build) must not lose the others
-                row["us"][name] = None
-                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
-                print(f"  {name}: {row['errors'][name]}", flush=True)
+        t = arm_timer(row, time_graph, copies, a.calls, a.reps)
 
         sel = ops.select_quant_config(n, k, m, "sm90")
         row["auto"] = {"config": sel.config, "tier": sel.tier}
@@ -139,21 +165,9 @@ def main() -> int:
         t("fp16_inductor", lambda i: lin_act(x, wf[i], bias16))
         act_q = torch.compile(lambda y_: ops.quantize_per_token(f(y_)), dynamic=False)
         t("int8_unfused", lambda i: act_q(oasr_ops.scaled_mm(q, w[i], sa, sw[i], bias16)))
-        us = row["us"]
-        best = {kind: min(((v, kk) for kk, v in us.items() if kk.startswith(kind + "@") and v), default=(None, None))
-                for kind in ("smm_fp16", "smm_int8", "act_quant")}
-        row["best"] = {kind: {"config": c.split("@")[1] if c else None, "us": v} for kind, (v, c) in best.items()}
         res["rows"].append(row)
-        fmt = lambda v: "   n/a" if v is None else f"{v:6.1f}"  # noqa: E731
-        print(f"\n{m}x{n}x{k} {act}: auto = {sel.config} ({sel.tier}), act_quant@auto {fmt(us.get('act_quant@auto'))} us; "
-              f"fp16 cuBLAS+act {fmt(us.get('fp16_cublas+act'))}, inductor {fmt(us.get('fp16_inductor'))}, "
-              f"int8 unfused {fmt(us.get('int8_unfused'))}", flush=True)
-        print("  tile                      smm_fp16  smm_int8  act_quant", flush=True)
-        for cid in ops.variants_for(n, k, quant=True, arch="sm90"):
-            print(f"  {cid:24s} {fmt(us.get('smm_fp16@' + cid))}    {fmt(us.get('smm_int8@' + cid))}    "
-                  f"{fmt(us.get('act_quant@' + cid))}", flush=True)
-        print("  best:", {kk: (v["config"], v["us"] and round(v["us"], 1)) for kk, v in row["best"].items()},
-              flush=True)
+        report_row(row, ("smm_fp16", "smm_int8", "act_quant"), ops.variants_for(n, k, quant=True, arch="sm90"),
+                   {"fp16 cuBLAS+act": "fp16_cublas+act", "inductor": "fp16_inductor", "int8 unfused": "int8_unfused"})
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1)
     return 0

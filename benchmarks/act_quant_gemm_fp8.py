@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from act_quant_gemm import DEFAULT_SHAPES, act_fn, act_specs, build_specs, parse_shapes  # noqa: E402
+from act_quant_gemm import (DEFAULT_SHAPES, act_fn, act_specs, arm_timer, build_specs, parse_shapes,  # noqa: E402
+                            report_row)
 
 VARIANTS = ("fp16", "fp8")
 
@@ -88,14 +89,7 @@ def main() -> int:
         out_scale = torch.full((1,), 4.0 * k ** 0.5 / 448.0, device=dev)
         f = act_fn(act)
         row: dict = {"M": m, "N": n, "K": k, "act": act, "us": {}}
-
-        def t(name, call):
-            try:
-                row["us"][name] = time_graph(call, copies, a.calls, a.reps)
-            except Exception as e:  # one arm failing (a kernel that does not build) must not lose the others
-                row["us"][name] = None
-                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
-                print(f"  {name}: {row['errors'][name]}", flush=True)
+        t = arm_timer(row, time_graph, copies, a.calls, a.reps)
 
         sel = select_act_quant_config(n, k, m, "sm90")
         row["auto"] = {"config": sel.config, "tier": sel.tier}
@@ -113,21 +107,9 @@ def main() -> int:
         t("fp16_inductor", lambda i: lin_act(x, wf[i], bias16))
         act_q = torch.compile(lambda y_: quantize_per_token_fp8(f(y_)), dynamic=False)
         t("fp8_unfused", lambda i: act_q(oasr_ops.scaled_mm_fp8(q, w[i], sa, sw[i], bias16, torch.float16)))
-        us = row["us"]
-        best = {kind: min(((v, kk) for kk, v in us.items() if kk.startswith(kind + "@") and v), default=(None, None))
-                for kind in ("fp8_fp16", "fp8_quant", "act_quant")}
-        row["best"] = {kind: {"config": c.split("@")[1] if c else None, "us": v} for kind, (v, c) in best.items()}
         res["rows"].append(row)
-        fmt = lambda v: "   n/a" if v is None else f"{v:6.1f}"  # noqa: E731
-        print(f"\n{m}x{n}x{k} {act}: auto = {sel.config} ({sel.tier}), act_quant@auto {fmt(us.get('act_quant@auto'))}"
-              f" us; fp16 inductor {fmt(us.get('fp16_inductor'))}, fp8 unfused {fmt(us.get('fp8_unfused'))}",
-              flush=True)
-        print("  tile                          fp8_fp16  fp8_quant  act_quant", flush=True)
-        for cid in ids:
-            print(f"  {cid:28s} {fmt(us.get('fp8_fp16@' + cid))}    {fmt(us.get('fp8_quant@' + cid))}    "
-                  f"{fmt(us.get('act_quant@' + cid))}", flush=True)
-        print("  best:", {kk: (v["config"], v["us"] and round(v["us"], 1)) for kk, v in row["best"].items()},
-              flush=True)
+        report_row(row, ("fp8_fp16", "fp8_quant", "act_quant"), ids,
+                   {"fp16 inductor": "fp16_inductor", "fp8 unfused": "fp8_unfused"})
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1)
     return 0
