@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from act_quant_gemm import build_specs  # noqa: E402
+from act_quant_gemm import arm_timer, build_specs  # noqa: E402
 
 DEFAULT_SHAPES = "3984x512x2048,3984x512x512,12000x768x3072"
 ALPHA = 0.5
@@ -103,14 +103,7 @@ def main() -> int:
         r = torch.randn(m, n, device=dev, dtype=torch.float16, generator=g)
         lw, lb = torch.rand(n, device=dev).half() + 0.5, torch.randn(n, device=dev).half() * 0.1
         row: dict = {"M": m, "N": n, "K": k, "us": {}}
-
-        def t(name, call):
-            try:
-                row["us"][name] = time_graph(call, copies, a.calls, a.reps)
-            except Exception as e:  # one arm failing must not lose the others
-                row["us"][name] = None
-                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
-                print(f"  {name}: {row['errors'][name]}", flush=True)
+        t = arm_timer(row, time_graph, copies, a.calls, a.reps)
 
         sel = residual.select_residual_config(n, k, m, "sm90")
         row["auto"] = {"config": sel.config, "tier": sel.tier,
