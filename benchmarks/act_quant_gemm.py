@@ -128,7 +128,7 @@ def main() -> int:
     shapes = parse_shapes(a.shapes)
 
     import oasr_ops
-    from oasr_ops.families.scaled_mm import ops
+    from oasr_ops.families.scaled_mm import act_quant, ops
     from scaled_mm import n_copies, time_graph
 
     build(shapes, a.jobs)
@@ -151,7 +151,7 @@ def main() -> int:
         row: dict = {"M": m, "N": n, "K": k, "act": act, "us": {}}
         t = arm_timer(row, time_graph, copies, a.calls, a.reps)
 
-        sel = ops.select_quant_config(n, k, m, "sm90")
+        sel = act_quant.select_act_quant_config(n, k, m, "sm90")  # what act_quant@auto runs
         row["auto"] = {"config": sel.config, "tier": sel.tier}
         t("act_quant@auto", lambda i: oasr_ops.scaled_mm_act_quant(q, w[i], sa, sw[i], out_scale, act, bias=bias32))
         for cid in ops.variants_for(n, k, quant=True, arch="sm90"):
