@@ -192,19 +192,7 @@ def test_untuned_selection_is_a_tile_of_the_lane_not_torch():
     assert parse(sel.config).kernel_schedule != "streamk"
 
 
-@pytest.fixture
-def db_env(tmp_path, monkeypatch):
-    from oasr_ops import paths
-
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))
-    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "system")
-    oasr_ops.reload_tuning()
-    yield tmp_path
-    monkeypatch.undo()
-    oasr_ops.reload_tuning()
-
-
-def test_a_measured_quantizing_tile_is_served_and_baked(db_env):
+def test_a_measured_quantizing_tile_is_served_and_baked(tuning_env):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from oasr_ops.families.graph import rewrite_graph
@@ -228,7 +216,7 @@ def test_a_measured_quantizing_tile_is_served_and_baked(db_env):
 
 
 @pytest.mark.parametrize("arch", ["sm90", None])
-def test_fp16_output_sites_are_baked_to_a_tile_where_the_policy_says_torch(db_env, monkeypatch, arch):
+def test_fp16_output_sites_are_baked_to_a_tile_where_the_policy_says_torch(tuning_env, monkeypatch, arch):
     """A compiled graph names its config: baking "torch" for an fp16 output would bypass the runtime's fp16-output
     rule (`ops._make_plan` keeps an explicit torch), so the bake applies it: the heuristic's tile. bf16 output and an
     explicit "torch" keep the torch arm. arch None: the pass's arch comes from the environment (OASR_ARCH)."""
