@@ -15,7 +15,7 @@ import oasr_ops
 from examples import conformer
 from oasr_ops.configs import ConfigError, parse
 from oasr_ops.families.conv2d_activation import candidates, ops
-from oasr_ops.families.conv2d_activation.lanes import DIRECT_DEFAULT, SM80_F16_CONV2D, SM90_F16_CONV2D
+from oasr_ops.families.conv2d_activation.lanes import DIRECT_DEFAULT, DIRECT_LARGE, SM80_F16_CONV2D, SM90_F16_CONV2D
 from oasr_ops.families.conv2d_activation.rewrite import rewrite
 from oasr_ops.families.graph import RewriteContext, RewriteResult
 
@@ -156,6 +156,12 @@ def test_db_op_signature_and_untuned_rule():
     assert ops.untuned_config(lane, 10000, 512, 4608, "sm90") == "fused"  # measured on the H200
     assert ops.untuned_config(SM80_F16_CONV2D, 10000, 512, 4608, "sm86") == "torch"  # not measured there
     assert ops.untuned_config(lane, 10000, 12, 9, "sm90") == "fused"  # Cout not a whole number of vectors
+    # the register path's large tile: 3x3 Cin = 1 (K = 9) from DIRECT_LARGE_M positions on, where measured
+    big = ops.DIRECT_LARGE_M
+    assert ops.untuned_config(lane, big, 512, 9, "sm90") == DIRECT_LARGE.id
+    assert ops.untuned_config(lane, big - 1, 512, 9, "sm90") == DIRECT_DEFAULT.id
+    assert ops.untuned_config(lane, big, 512, 36, "sm90") == DIRECT_DEFAULT.id  # the staged kernel: not measured
+    assert ops.untuned_config(SM80_F16_CONV2D, big, 512, 9, "sm86") == DIRECT_DEFAULT.id  # not measured there
     from oasr_ops.runtime.select import serve_config
 
     assert serve_config("conv2d_activation", "conv2d_k3s2", "fp16", 512, 9, 5000, "sm90").config == DIRECT_DEFAULT.id

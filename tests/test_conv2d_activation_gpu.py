@@ -3,7 +3,7 @@ sm90, 3.x implicit GEMM), fp16/bf16, odd frame counts, strides 1 and 2, padding,
 outputs, rel err < 1e-2 vs an fp32 reference (TF32 off); the untuned rule; CUDA-graph capture; the compiled
 Conv2dSubsampling frontend (reduce-overhead) and its recorded sites.
 
-Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (12 configs x 2 dtypes on sm90) are built
+Run: ``pytest -m gpu tests/test_conv2d_activation_gpu.py``. The lane's kernels (10 configs x 2 dtypes on sm90) are built
 first, in parallel; with ``OASR_JIT_DIR`` pointing at a prebuilt directory that step only loads them.
 """
 from __future__ import annotations
@@ -93,6 +93,8 @@ def check(cfg, cases, dtype):
 def test_every_direct_config(cfg, dtype, t):
     check(cfg, [(2, t, 80, 1, 512, (2, 2), (0, 0), True, "relu"),      # the frontend's first conv
                 (1, t, 80, 1, 256, (2, 2), (0, 0), False, "none"),
+                (2, t, 80, 1, 256, (2, 2), (1, 1), True, "gelu"),      # 3x3 Cin = 1 (register path) with borders
+                (3, t, 21, 1, 72, (1, 1), (1, 1), False, "silu"),      # ... stride 1, partial channel tile
                 (3, t, 17, 4, 24, (1, 1), (1, 1), True, "silu"),       # partial channel tile, 4 channels
                 (1, t, 9, 3, 8, (2, 1), (1, 0), True, "gelu")], dtype)
 
@@ -122,6 +124,12 @@ def test_untuned_rule_and_torch_arm():
     x1, w1, b1 = make(2, 101, 80, 1, 256, torch.float16, 1)
     y1 = ops.conv2d_activation(x1, w1, b1, stride=(2, 2), activation="relu")
     assert served_by(LANE.default.id)
+    xl, wl, bl = make(16, 1000, 80, 1, 512, torch.float16, 3)  # Conformer M's first conv: M = 311376 positions
+    ops.reset_plans()
+    yl = ops.conv2d_activation(xl, wl, bl, stride=(2, 2), activation="relu")
+    assert served_by(ops.DIRECT_LARGE.id if ARCH in ops.DIRECT_LARGE_MEASURED else LANE.default.id)
+    assert rel_err(yl, reference(xl, wl, bl, (2, 2), (0, 0), "relu")) < 1e-2
+    del xl, yl
     x2, w2, b2 = make(2, 50, 39, 256, 256, torch.float16, 2)
     y2 = ops.conv2d_activation(x2, w2, b2, stride=(2, 2), activation="relu")
     assert served_by("fused" if ARCH in ops.FUSED_MEASURED else "torch")

@@ -14,7 +14,7 @@
 `sm90_f16_conv2d` (nvcc 90a, native on sm90) holds the direct and 3.x configs; `sm80_f16_conv2d` (sm80 SASS
 compiled for the family it runs on, native on sm80..sm89) the direct and 2.x ones. A config the problem cannot use is statically infeasible
 (`Lane.infeasible_reason`: a direct config for K > 196, an implicit-GEMM one for K or N not a multiple of 8), so
-tuning and the untuned rule never offer it. The space is kept small (9 configs x 2 dtypes on sm90) so a prebuild
+tuning and the untuned rule never offer it. The space is kept small (10 configs x 2 dtypes on sm90) so a prebuild
 stays under 24 kernels.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ _DIRECT = (
     "dc64x128_v8_n256",   # 4 positions x 16-byte vectors per thread (more CTAs)
     "dc32x256_v8_n256",   # wide channel tiles: Cout 256+, 8 positions per thread
     "dc16x512_v8_n256",   # one CTA covers Cout = 512 (each input patch staged once)
+    "dc256x128_v8_n128",  # 32 consecutive positions per thread: the untuned rule's tile for large frontends
 )
 _IMPLICIT_GEMM_2X = (
     "b128x128x64_w64x64x64_s3",   # the sm80 lane's coverage basis tile (4 warps)
@@ -41,6 +42,8 @@ _IMPLICIT_GEMM_3X = (
     "t64x128x64_c1x1_ws",    # small tiles: more CTAs for short inputs
 )
 DIRECT_DEFAULT = parse("dc128x128_v8_n256")  # docs/perf/conv.md: 4.6-5.8x cuDNN + its ReLU pass, 12 shapes
+# the untuned rule's tile for the 3x3, Cin = 1 register path at large M (ops.DIRECT_LARGE_M; docs/perf/conv.md)
+DIRECT_LARGE = parse("dc256x128_v8_n128")
 _SM80_ARCHS = ("sm80", "sm86", "sm87", "sm89")
 _SMEM = {"sm80": 163 * 1024, "sm87": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024}
 

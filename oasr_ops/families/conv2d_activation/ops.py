@@ -37,6 +37,7 @@ from ...configs import Config, Lane
 from ...runtime import database as _database
 from ...runtime.plans import PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from .lanes import DIRECT_LARGE
 
 FAMILY = "conv2d_activation"
 OP = "conv2d_activation"
@@ -44,6 +45,11 @@ DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}  # the launchers' act codes (_epilogue.cuh.j2)
 _ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
 DIRECT_MAX_K = 36  # the untuned rule serves the direct kernel up to 4 input channels under a 3x3 filter
+# From this many output positions on, the untuned rule serves K = 9 (the 3x3, Cin = 1 first conv: the direct
+# kernel's register path) with `lanes.DIRECT_LARGE`: 1.23-1.29x the default tile at M = 311k-467k on the H200,
+# but 1.9-2.1x slower at M <= 1.2k (fewer CTAs); nothing was measured in between (docs/perf/conv.md).
+DIRECT_LARGE_M = 1 << 17
+DIRECT_LARGE_MEASURED = frozenset({"sm90"})  # arch families where that was measured
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define("conv2d_activation(Tensor x, Tensor w, Tensor? bias, int[2] stride, int[2] padding, str activation, "
@@ -134,10 +140,14 @@ FUSED_MEASURED = frozenset({"sm90"})
 
 
 def untuned_config(lane: Lane, m: int, n: int, k: int, arch: str) -> str:
-    """The ``heuristic`` policy (module docstring): the direct kernel's default for K <= 36 where it is feasible;
+    """The ``heuristic`` policy (module docstring): the direct kernel's default for K <= 36 where it is feasible
+    (`lanes.DIRECT_LARGE` for K = 9 from `DIRECT_LARGE_M` positions on);
     otherwise ``fused`` (cuDNN conv + bias + ReLU in one call; other activations run the torch arm) where it was
     measured (`FUSED_MEASURED`), else ``torch``."""
     if k <= DIRECT_MAX_K and lane.infeasible_reason(lane.default, n=n, k=k, arch_family=arch) is None:
+        if (k == 9 and m >= DIRECT_LARGE_M and arch in DIRECT_LARGE_MEASURED and DIRECT_LARGE in lane.space
+                and lane.infeasible_reason(DIRECT_LARGE, n=n, k=k, arch_family=arch) is None):
+            return DIRECT_LARGE.id
         return lane.default.id
     return "fused" if arch in FUSED_MEASURED else "torch"
 
