@@ -43,7 +43,32 @@ __global__ void fill(__half* p, long long n, unsigned seed, float scale) {
   unsigned h = (unsigned)(i * 2654435761u) ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
   p[i] = __float2half(((h & 0xFFFFFF) / 16777216.f * 2.f - 1.f) * scale);
 }
+__global__ void write_kernel(int4* p, long long n) {  // the store roofline: 16-byte stores, grid-stride
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    p[i] = make_int4(0, 1, 2, 3);
+}
 struct Shape { int B, H, W, Cin, Cout, KH, KW, sh, sw, ph, pw; };
+// The write roofline at an output size: cudaMemsetAsync and a plain 16-byte store kernel, median of 5 x 20 calls.
+void roofline(long long bytes) {
+  void* p; CK(cudaMalloc(&p, bytes));
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<float> t;
+    for (int round = 0; round < 5; ++round) {
+      cudaEventRecord(e0);
+      for (int i = 0; i < 20; ++i) {
+        if (kind == 0) cudaMemsetAsync(p, 0, bytes);
+        else write_kernel<<<132 * 16, 256>>>((int4*)p, bytes / 16);
+      }
+      cudaEventRecord(e1); cudaEventSynchronize(e1);
+      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000.f / 20);
+    }
+    std::sort(t.begin(), t.end());
+    printf("roofline %-12s %.1f MB: median %.1f us  %.2f TB/s\n", kind ? "store kernel" : "memset", bytes / 1e6, t[2],
+           bytes / (t[2] * 1e-6) / 1e12);
+  }
+  cudaFree(p);
+}
 int main(int argc, char** argv) {
   std::vector<std::string> libs(argv + 1, argv + argc);
   std::vector<Shape> shapes = {
@@ -55,6 +80,7 @@ int main(int argc, char** argv) {
     {3, 17, 80, 1, 256, 3, 3, 2, 2, 1, 1},      // padding: border path
     {2, 33, 80, 2, 256, 3, 3, 2, 2, 0, 0},      // Cin = 2: the staged kernel
   };
+  roofline(16LL * 499 * 39 * 512 * 2);  // Conformer M's first conv output
   for (auto& s : shapes) {
     int Ho = (s.H + 2 * s.ph - s.KH) / s.sh + 1, Wo = (s.W + 2 * s.pw - s.KW) / s.sw + 1;
     long long nx = (long long)s.B * s.H * s.W * s.Cin, nw = (long long)s.Cout * s.KH * s.KW * s.Cin;

@@ -1,9 +1,9 @@
 """A/B of the conv2d direct kernel's template: render `templates/conv2d_direct.cu.j2` as of a git revision (old_*)
-and as in the working tree (new_*) for some direct configs, plus variants of one new source (x_*: the unroll
-factor of the register path's position loop, streaming stores). Used for the register path (docs/kernels.md,
-"The frontend conv2d"; log benchmarks/logs/sm90_conv1_direct_ab.txt).
+and as in the working tree (new_*) for some direct configs, plus a variant of one new source (x_st_*: plain
+stores instead of the evict-first ones). Used for the register path (docs/kernels.md, "The frontend conv2d"; logs
+benchmarks/logs/sm90_conv1_direct_ab*.txt). `--old REV[:CID,...]` is repeatable (files old_<REV>_<CID>.cu).
 
-  python benchmarks/conv2d_direct_ab/render.py --old-rev 4d78113 --out build/conv2d_ab   (CPU host, needs the repo)
+  python benchmarks/conv2d_direct_ab/render.py --old 4d78113 --out build/conv2d_ab      (CPU host, needs the repo)
   bash benchmarks/conv2d_direct_ab/build.sh build/conv2d_ab                             (CPU host with nvcc)
   bash benchmarks/conv2d_direct_ab/run.sh build/conv2d_ab OUT_FILE                      (GPU host: runs only)
 
@@ -29,41 +29,39 @@ from oasr_ops.families.conv2d_activation.lanes import SM90_F16_CONV2D
 NEW = ("dc128x128_v8_n256", "dc64x128_v8_n128", "dc256x128_v8_n128", "dc256x128_v8_n256", "dc512x128_v8_n256",
        "dc256x64_v8_n128", "dc256x512_v8_n512")
 OLD = ("dc128x128_v8_n256",)
-LOOP = "#pragma unroll 2\n  for (int i = 0; i < kRunRows; ++i) {"
-STORE = "*reinterpret_cast<OutVec*>(yp) = o;"
+STORE = "__stcs(reinterpret_cast<int4*>(yp), *reinterpret_cast<const int4*>(&o));"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--old-rev", required=True, help="git revision of the baseline template")
+    p.add_argument("--old", action="append", required=True,
+                   help=f"REV[:CID,CID...]: a git revision of the baseline template and its configs (default {OLD})")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    ids = sorted(set(NEW) | set(OLD))
+    olds = [(o.split(":")[0], tuple(o.split(":")[1].split(",")) if ":" in o else OLD) for o in a.old]
+    ids = sorted(set(NEW).union(*(c for _, c in olds)))
     lane = dataclasses.replace(SM90_F16_CONV2D, space=tuple(SM90_F16_CONV2D.space) + tuple(
         parse(i) for i in ids if parse(i) not in SM90_F16_CONV2D.space))
     new_env = environment()
-    with tempfile.TemporaryDirectory() as old_dir:
-        for t in templates_dir().iterdir():
-            rel = t.relative_to(templates_dir().parent)
-            src = subprocess.run(["git", "show", f"{a.old_rev}:{rel}"], capture_output=True, text=True,
-                                 cwd=templates_dir().parent)
-            if src.returncode == 0:
-                (pathlib.Path(old_dir) / t.name).write_text(src.stdout)
-        old_env = jinja2.Environment(loader=jinja2.FileSystemLoader(old_dir), trim_blocks=new_env.trim_blocks,
-                                     lstrip_blocks=new_env.lstrip_blocks, undefined=new_env.undefined,
-                                     keep_trailing_newline=new_env.keep_trailing_newline)
-        for cid in OLD:
-            (out / f"old_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", old_env))
+    for rev, cids in olds:
+        with tempfile.TemporaryDirectory() as old_dir:
+            for t in templates_dir().iterdir():
+                rel = t.relative_to(templates_dir().parent)
+                src = subprocess.run(["git", "show", f"{rev}:{rel}"], capture_output=True, text=True,
+                                     cwd=templates_dir().parent)
+                if src.returncode == 0:
+                    (pathlib.Path(old_dir) / t.name).write_text(src.stdout)
+            old_env = jinja2.Environment(loader=jinja2.FileSystemLoader(old_dir), undefined=new_env.undefined,
+                                         keep_trailing_newline=new_env.keep_trailing_newline)
+            for cid in cids:
+                (out / f"old_{rev}_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", old_env))
     for cid in NEW:
         (out / f"new_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", new_env))
-    base = (out / "new_dc256x128_v8_n256.cu").read_text()
-    assert LOOP in base and STORE in base, "the variants below patch lines of the register path"
-    (out / "x_u1_dc256x128.cu").write_text(base.replace(LOOP, LOOP.replace("unroll 2", "unroll 1")))
-    (out / "x_u4_dc256x128.cu").write_text(base.replace(LOOP, LOOP.replace("unroll 2", "unroll 4")))
-    (out / "x_cs_dc256x128.cu").write_text(base.replace(
-        STORE, "__stcs(reinterpret_cast<int4*>(yp), *reinterpret_cast<const int4*>(&o));"))
+    base = (out / "new_dc256x128_v8_n128.cu").read_text()
+    assert STORE in base, "the variant below patches the register path's store"
+    (out / "x_st_dc256x128_v8_n128.cu").write_text(base.replace(STORE, "*reinterpret_cast<OutVec*>(yp) = o;"))
     print(f"{len(list(out.glob('*.cu')))} sources in {out}")
 
 
