@@ -1,6 +1,6 @@
 """A/B of the conv2d direct kernel's template: render `templates/conv2d_direct.cu.j2` as of a git revision (old_*)
-and as in the working tree (new_*) for some direct configs, plus a variant of one new source (x_st_*: plain
-stores instead of the evict-first ones). Used for the register path (docs/kernels.md, "The frontend conv2d"; logs
+and as in the working tree (new_*) for some direct configs, plus a variant of one new source (x_reg_*: the
+3x3 Cin = 1 register path instead of the tensor-core one). Used for the register path (docs/kernels.md, "The frontend conv2d"; logs
 benchmarks/logs/sm90_conv1_direct_ab*.txt). `--old REV[:CID,...]` is repeatable (files old_<REV>_<CID>.cu).
 
   python benchmarks/conv2d_direct_ab/render.py --old 4d78113 --out build/conv2d_ab      (CPU host, needs the repo)
@@ -29,7 +29,7 @@ from oasr_ops.families.conv2d_activation.lanes import SM90_F16_CONV2D
 NEW = ("dc128x128_v8_n256", "dc64x128_v8_n128", "dc256x128_v8_n128", "dc256x128_v8_n256", "dc512x128_v8_n256",
        "dc256x64_v8_n128", "dc256x512_v8_n512")
 OLD = ("dc128x128_v8_n256",)
-STORE = "__stcs(reinterpret_cast<int4*>(yp), *reinterpret_cast<const int4*>(&o));"
+MMA = "constexpr bool kMmaPath = kVec == 8"
 
 
 def main() -> None:
@@ -60,8 +60,8 @@ def main() -> None:
     for cid in NEW:
         (out / f"new_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", new_env))
     base = (out / "new_dc256x128_v8_n128.cu").read_text()
-    assert STORE in base, "the variant below patches the register path's store"
-    (out / "x_st_dc256x128_v8_n128.cu").write_text(base.replace(STORE, "*reinterpret_cast<OutVec*>(yp) = o;"))
+    assert MMA in base, "the variant below turns the tensor-core path off"
+    (out / "x_reg_dc256x128_v8_n128.cu").write_text(base.replace(MMA, "constexpr bool kMmaPath = false && kVec == 8"))
     print(f"{len(list(out.glob('*.cu')))} sources in {out}")
 
 
