@@ -46,8 +46,8 @@ ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}  # the launchers' act
 _ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
 DIRECT_MAX_K = 36  # the untuned rule serves the direct kernel up to 4 input channels under a 3x3 filter
 # From this many output positions on, the untuned rule serves K = 9 (the 3x3, Cin = 1 first conv: the direct
-# kernel's register path) with `lanes.DIRECT_LARGE`: 1.23-1.29x the default tile at M = 311k-467k on the H200,
-# but 1.9-2.1x slower at M <= 1.2k (fewer CTAs); nothing was measured in between (docs/perf/conv.md).
+# kernel's tensor-core path) with `lanes.DIRECT_LARGE`: 1.39-1.47x the default tile at M = 155k-467k positions on
+# the H200, but 1.2-1.7x slower at M <= 1.2k (fewer CTAs); nothing was measured in between (docs/perf/conv.md).
 DIRECT_LARGE_M = 1 << 17
 DIRECT_LARGE_MEASURED = frozenset({"sm90"})  # arch families where that was measured
 
