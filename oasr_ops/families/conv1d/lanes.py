@@ -29,10 +29,10 @@ _IDS = (
     "dw256x32_v8_n512",   # a whole Conformer utterance (T <= 256) per CTA: fastest at B=16, T=249, C=512
 )
 SPACE = tuple(parse(i) for i in _IDS)
-# The lane default: the fastest or within 4 % of it at every [B, T, C] shape of the microbenchmark (B=16 T=249
-# C=256/512/1024, B=8 T=3000, T=1/7, with and without GLU) and the fastest of the [B, C, T] configs measured; see
-# docs/kernels.md. (dw128x32_v16_n256, which it replaces in the space, moved 32-byte vectors that the [B, C, T]
-# layout measured slower than 16-byte ones.)
+# The lane default: the fastest or within 4 % of it at every [B, T, C] shape of the microbenchmark with 2000+ frames
+# (B=16 T=249 C=256/512/1024, B=8 T=3000, with and without GLU; single sequences of T = 1, 7: 2.5 us vs 2.1 for the
+# smaller tiles) and the fastest of the [B, C, T] configs measured; see docs/kernels.md. It replaces
+# dw128x32_v16_n256 in the space: 32-byte vectors measured slower than 16-byte ones for [B, C, T] (64x32 tiles).
 DWCONV_DEFAULT = parse("dw128x32_v8_n256")
 _ARCHS = ("sm80", "sm86", "sm87", "sm89", "sm90")
 
