@@ -2,7 +2,7 @@
 T in {1, 7, 250, 3001}, with and without bias / SiLU, outputs NaN-poisoned, rel err < 1e-2 vs the fp32
 reference; the scalar (misaligned) path; CUDA-graph capture.
 
-Run: ``pytest -m gpu tests/test_conv1d_gpu.py``. The lane's kernels (9 configs x 2 dtypes x 2 layouts) are built
+Run: ``pytest -m gpu tests/test_conv1d_gpu.py``. The lane's kernels (10 configs x 2 dtypes x 2 layouts) are built
 first, in parallel; with ``OASR_JIT_DIR`` pointing at a prebuilt directory that step only loads them.
 """
 from __future__ import annotations
