@@ -425,8 +425,9 @@ class Lane:
 
 def dw_smem_bytes(c: Config, kw: int) -> int:
     """An upper bound on a depthwise kernel's dynamic shared memory (templates/conv1d_depthwise.cu.j2 computes the
-    exact size): an fp32 input tile of (T + kw - 1 + 2 * vec) x C plus an fp32 output tile of (T + vec) x C, rows
-    padded to odd strides, plus the tile's fp32 filters (C x kw)."""
+    exact size): an fp32 input tile of (T + kw - 1 + 2 * vec) x C plus an fp32 output tile of (T + vec) x C (the
+    [B, C, T] layout's; [B, T, C] stores from registers), rows padded to odd strides, plus the tile's fp32 filters
+    (C x kw)."""
     tt, tc, _ = c.tile
     return 4 * ((tt + kw - 1 + 2 * c.alignment + 1) * tc + (tt + c.alignment + 1) * tc + tc * kw)
 
