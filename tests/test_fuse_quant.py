@@ -324,3 +324,28 @@ def test_quant_linear_guards_are_tag_safe():
     layers = [ln for ln in guards.splitlines() if "GuardManager: source=" in ln
               and "type=<class 'oasr_ops.families.scaled_mm.quantize.QuantLinear'>" in ln]
     assert len(layers) == 2 and all("tag_safe=(True" in ln for ln in layers), layers
+
+
+def test_a_compiled_graph_reads_its_calibrated_out_scale_on_the_first_call_only(monkeypatch):
+    """Without CUDA graphs a compiled graph passes a fresh alias of fc2's `scales` buffer to the act-quant op on
+    every call; its value check (a device sync on the GPU) must read it once (families/scaled_mm/out_scale.py)."""
+    from oasr_ops.families.scaled_mm import out_scale
+
+    model = Block().to(torch.float16).eval()
+    x = torch.randn(2, 9, 64, dtype=torch.float16)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    oasr_ops.calibrate(q, [x])
+    fn = torch.compile(q, backend=oasr_backend, options={"fuse_quantization": True, "fuse_residual": False})
+    reads = []
+    real = out_scale._values_ok
+    monkeypatch.setattr(out_scale, "_values_ok", lambda s: reads.append(s.data_ptr()) or real(s))
+    with torch.no_grad():
+        first = fn(x)
+        n_first = len(reads)
+        for _ in range(3):
+            assert torch.equal(fn(x), first)
+    assert n_first >= 1 and len(reads) == n_first, reads
+    with torch.no_grad():  # an eager in-place change is still caught on the next eager call
+        q.fc2.scales[-1] = 0.0
+        with pytest.raises(ValueError, match="out_scale must be finite and > 0"):
+            out_scale.check_out_scale(q.fc2.scales[-1:])

@@ -67,3 +67,28 @@ def test_inference_mode_tensors_are_read_on_every_call():
         s = torch.tensor([0.5])
         assert reads(lambda: check_out_scale(s)) == 1
         assert reads(lambda: check_out_scale(s)) == 1
+
+
+def test_a_compiled_graphs_alias_of_a_checked_buffer_is_not_read_again():
+    # Inductor passes `reinterpret_tensor(buffer, ...)` on every call of a graph without CUDA graphs: an alias with
+    # no _base and its own version counter. It is keyed by the storage, so only the first call reads it.
+    from torch._C._dynamo.guards import _reinterpret_tensor
+
+    scales = torch.rand(65) + 0.5
+    alias = lambda: _reinterpret_tensor(scales, (1,), (1,), 64)  # noqa: E731
+    assert alias()._base is None
+    assert reads(lambda: check_out_scale(alias())) == 1
+    assert reads(lambda: check_out_scale(alias())) == 0
+    assert reads(lambda: check_out_scale(_reinterpret_tensor(scales, (8,), (1,), 0))) == 1  # another view: read
+    bad = torch.rand(2) + 0.5
+    bad[1] = 0.0
+    with pytest.raises(ValueError, match="out_scale must be finite and > 0"):
+        check_out_scale(_reinterpret_tensor(bad, (1,), (1,), 1))
+
+
+def test_a_plain_tensor_changed_in_place_is_read_again():
+    s = torch.tensor([0.5])
+    check_out_scale(s)
+    s.fill_(float("nan"))
+    with pytest.raises(ValueError, match="out_scale must be finite and > 0"):
+        check_out_scale(s)
