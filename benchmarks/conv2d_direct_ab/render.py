@@ -20,16 +20,21 @@ import tempfile
 
 import jinja2
 
-from oasr_ops.codegen.render_conv2d import render_conv2d
-from oasr_ops.codegen.templates import environment
-from oasr_ops.paths import templates_dir
+from oasr_ops.codegen.render_conv2d import DIRECT_TEMPLATE, render_conv2d
 from oasr_ops.configs import parse
 from oasr_ops.families.conv2d_activation.lanes import SM90_F16_CONV2D
 
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the tree's templates, also under an installed package
 NEW = ("dc128x128_v8_n256", "dc64x128_v8_n128", "dc256x128_v8_n128", "dc256x128_v8_n256", "dc512x128_v8_n256",
        "dc256x64_v8_n128", "dc256x512_v8_n512")
 OLD = ("dc128x128_v8_n256",)
 MMA = "constexpr bool kMmaPath = kVec == 8"
+
+
+def env_for(folder: pathlib.Path) -> jinja2.Environment:
+    """A loader over `folder` with the package's own options (codegen/templates.py)."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
 
 
 def main() -> None:
@@ -44,17 +49,17 @@ def main() -> None:
     ids = sorted(set(NEW).union(*(c for _, c in olds)))
     lane = dataclasses.replace(SM90_F16_CONV2D, space=tuple(SM90_F16_CONV2D.space) + tuple(
         parse(i) for i in ids if parse(i) not in SM90_F16_CONV2D.space))
-    new_env = environment()
+    new_env = env_for(REPO / "templates")
     for rev, cids in olds:
         with tempfile.TemporaryDirectory() as old_dir:
-            for t in templates_dir().iterdir():
-                rel = t.relative_to(templates_dir().parent)
-                src = subprocess.run(["git", "show", f"{rev}:{rel}"], capture_output=True, text=True,
-                                     cwd=templates_dir().parent)
+            for t in (REPO / "templates").iterdir():
+                src = subprocess.run(["git", "show", f"{rev}:templates/{t.name}"], capture_output=True, text=True,
+                                     cwd=REPO)
                 if src.returncode == 0:
                     (pathlib.Path(old_dir) / t.name).write_text(src.stdout)
-            old_env = jinja2.Environment(loader=jinja2.FileSystemLoader(old_dir), undefined=new_env.undefined,
-                                         keep_trailing_newline=new_env.keep_trailing_newline)
+                elif t.name == DIRECT_TEMPLATE:
+                    raise SystemExit(f"git show {rev}:templates/{t.name} failed: {src.stderr.strip()}")
+            old_env = env_for(pathlib.Path(old_dir))
             for cid in cids:
                 (out / f"old_{rev}_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", old_env))
     for cid in NEW:

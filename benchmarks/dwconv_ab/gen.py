@@ -18,8 +18,8 @@ import subprocess
 
 import jinja2
 
-from oasr_ops.paths import templates_dir
 
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the tree's template, also under an installed package
 KWS = [3, 7, 31]
 TEMPLATE = "conv1d_depthwise.cu.j2"
 # name, template (base | repo), layout, tile_t, tile_c, vec, threads
@@ -48,10 +48,11 @@ def main() -> None:
     a = p.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    root = templates_dir()
     base = subprocess.run(["git", "show", f"{a.base}:templates/{TEMPLATE}"], capture_output=True, text=True,
-                          cwd=root.parent, check=True).stdout
-    sources = {"base": base, "repo": (root / TEMPLATE).read_text()}
+                          cwd=REPO)
+    if base.returncode:
+        raise SystemExit(f"git show {a.base}:templates/{TEMPLATE} failed: {base.stderr.strip()}")
+    sources = {"base": base.stdout, "repo": (REPO / "templates" / TEMPLATE).read_text()}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     chunks, table = [], []
     for name, tpl, layout, tt, tc, vec, thr in VARIANTS:
