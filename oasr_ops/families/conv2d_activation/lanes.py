@@ -27,7 +27,7 @@ _DIRECT = (
     "dc64x128_v8_n256",   # 4 positions x 16-byte vectors per thread (more CTAs)
     "dc32x256_v8_n256",   # wide channel tiles: Cout 256+, 8 positions per thread
     "dc16x512_v8_n256",   # one CTA covers Cout = 512 (each input patch staged once)
-    "dc256x128_v8_n128",  # 32 consecutive positions per thread: the untuned rule's tile for large frontends
+    "dc256x128_v8_n128",  # 256 positions x 128 channels per CTA: the untuned rule's tile for large frontends
 )
 _IMPLICIT_GEMM_2X = (
     "b128x128x64_w64x64x64_s3",   # the sm80 lane's coverage basis tile (4 warps)
