@@ -3,8 +3,9 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
 
 * the `int8_gelu` / `int8_silu` epilogue variants (`--acts`) of the tiles the act-quant sites resolve to on sm90
   (`act_quant.select_act_quant_config` at the Conformer M and Whisper-small FFN shapes) plus the lane default;
-* `layer_norm_quant`: every config, fp16 and bf16 (`--lnq all`, the GPU tests), or only the configs
-  `AUTO_BY_WIDTH` serves at the encoders' widths, fp16 (`--lnq auto`, the e2e runs);
+* `layer_norm_quant`: every config, fp16 and bf16, int8 and fp8 (`--lnq all`, the GPU tests), or only the configs
+  `AUTO_BY_WIDTH` serves at the encoders' widths, fp16, int8 (and fp8 with `--fp8-acts`) (`--lnq auto`, the e2e
+  runs);
 * with `--int8-fp16`: the fp16-output variant of every int8 tile (the int8 layers that are not fused, and the
   calibration's eager forward, resolve to any of them through the DB);
 * with `--residual`: the `fp16_res` variant (`oasr.scaled_mm_residual`, `fuse_residual=True`) of the tiles the
@@ -89,13 +90,15 @@ def main() -> int:
                         "the other oasr kernels the e2e graph loads); a family this checkout lacks is skipped")
     a = p.parse_args()
     if a.lnq == "all":
-        specs = [spec_for(LnqConfig(t, v), dt, "int8", "90a")
-                 for t, v in itertools.product(THREADS_PER_ROW, VECS) for dt in (torch.float16, torch.bfloat16)]
+        specs = [spec_for(LnqConfig(t, v), dt, sch, "90a") for t, v in itertools.product(THREADS_PER_ROW, VECS)
+                 for dt in (torch.float16, torch.bfloat16) for sch in ("int8", "fp8")]
     elif a.lnq == "none":
         specs = []
     else:
         configs = {auto_config(n) for n in LNQ_WIDTHS} - {None}
-        specs = [spec_for(c, torch.float16, "int8", "90a") for c in sorted(configs, key=lambda c: c.id)]
+        schemes = ("int8", "fp8") if a.fp8_acts else ("int8",)  # fp8 runs with fuse_quantization=True use fp8's
+        specs = [spec_for(c, torch.float16, sch, "90a") for c in sorted(configs, key=lambda c: c.id)
+                 for sch in schemes]
     lane = registry.native_lane("sm90", "scaled_mm")
     ids = {lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES}
     ids = {c for c in ids if c in lane.ids()}

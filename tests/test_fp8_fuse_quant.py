@@ -10,7 +10,6 @@ import copy
 import ctypes
 import math
 import shutil
-import warnings
 
 import pytest
 import torch
@@ -320,6 +319,16 @@ def _compile(model, x, **options):
 _calls = calls
 
 
+def _ancestors(node):
+    seen, todo = set(), [node]
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
 def _before_next_gemm(node):
     """The nodes computed from `node`'s output without passing through another GEMM."""
     gemms = {OPS.scaled_mm_fp8.default, OPS.scaled_mm_fp8_act_quant.default}
@@ -347,8 +356,8 @@ def _assert_fused_fp8_ffn(graph, act, n_ffn=1):
         for n in _before_next_gemm(aq):
             assert n.target not in (torch.ops.aten.amax.default, torch.ops.aten.max.dim), \
                 f"{n} re-reads fc1's output to quantize it"
-    assert not _calls(graph, OPS.scaled_mm_act_quant) and not _calls(graph, OPS.layer_norm_quant)
-    assert not _calls(graph, OPS.scaled_mm_fp8_quant)
+    assert not _calls(graph, OPS.scaled_mm_act_quant) and not _calls(graph, OPS.scaled_mm_fp8_quant)
+    assert all(n.args[5] == "fp8" for n in _calls(graph, OPS.layer_norm_quant))
 
 
 @pytest.mark.parametrize("act,name", [(nn.GELU, "gelu"), (nn.SiLU, "silu")])
@@ -391,22 +400,31 @@ def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops(fresh_in
     assert ((out.float() - want.float()).abs().max() < (want.float() - ref).abs().max())
 
 
-def test_fuse_quantization_true_with_fp8_falls_back_to_act_with_one_warning(fresh_inductor):
+def test_fuse_quantization_true_with_fp8_serves_the_layer_norm_with_its_fp8_scheme(fresh_inductor):
     model = Block(act=nn.SiLU).half().eval()
     x = torch.randn(2, 9, 64, dtype=torch.float16)
     q = oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8")
     oasr_ops.calibrate(q, [x])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out, graph = _compile(q, x, fuse_quantization=True)
-    msgs = [str(w.message) for w in caught if "no fp8 layer_norm_quant" in str(w.message)]
-    assert len(msgs) == 1 and "fuse_quantization='act'" in msgs[0]
+    out, graph = _compile(q, x, fuse_quantization=True)
     _assert_fused_fp8_ffn(graph, "silu")
+    lnq, = _calls(graph, OPS.layer_norm_quant)
+    assert lnq.args[5] == "fp8"
+    fc1, = [n for n in _calls(graph, OPS.scaled_mm_fp8_act_quant)]
+    assert lnq in _ancestors(fc1)  # fc1 reads the LayerNorm's e4m3 row and its per-token scale
+    assert not [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.amax.default]
     rep = fuse_quant.fuse_log()[-1]
-    assert (rep.layer_norm_quant, rep.act_quant, rep.fp8_layer_norms_to_inductor, rep.unfused) == (0, 1, 1, [])
-    torch.compiler.reset()
-    out_act, _ = _compile(q, x, fuse_quantization="act")
-    assert torch.equal(out, out_act)  # the same graph as "act"
+    assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (1, 1, [])
+    # the graph computes what its ops compute one by one: the fp8 LayerNorm quantization is exactly
+    # quantize_per_token_fp8 of the LayerNorm rounded to fp16
+    with torch.no_grad():
+        a, sa, _ = oasr_ops.layer_norm_quant(x.contiguous(), q.ln.weight, q.ln.bias, q.ln.eps, scheme="fp8")
+        a2, sa2 = oasr_ops.quantize_fp8(q.ln(x))
+        assert torch.equal(a.view(torch.uint8), a2.view(torch.uint8)) and torch.equal(sa, sa2)
+        h = oasr_ops.scaled_mm_fp8_act_quant(a.reshape(-1, 64), q.fc1.weight_q, sa, q.fc1.scale_w, q.fc2.input_scale,
+                                             "silu", bias=q.fc1.bias.float())
+        y = oasr_ops.scaled_mm_fp8(h, q.fc2.weight_q, q.fc2.input_scale, q.fc2.scale_w, q.fc2.bias, torch.float16)
+        want = x + y.reshape(x.shape)
+    assert torch.equal(out, want)
 
 
 def test_without_calibration_fc2_stays_dynamic(fresh_inductor):

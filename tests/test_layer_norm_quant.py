@@ -61,6 +61,17 @@ def test_quantization_is_exactly_quantize_per_token_of_the_unfused_layer_norm():
     assert y.numel() == 0 and q.shape == x.shape and s.shape == (15,)
 
 
+def test_fp8_scheme_is_exactly_quantize_per_token_fp8_of_the_unfused_layer_norm():
+    x = torch.randn(3, 5, 128, dtype=torch.bfloat16) * 3
+    w, b = torch.randn(128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
+    q, s, y = oasr_ops.layer_norm_quant(x, w, b, 1e-5, normalized=True, scheme="fp8")
+    y_ref = torch.nn.functional.layer_norm(x.float(), (128,), w.float(), b.float(), 1e-5).bfloat16()
+    q2, s2 = oasr_ops.quantize_fp8(y_ref.reshape(-1, 128))
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and torch.equal(y, y_ref)
+    assert torch.equal(q.reshape(-1, 128).view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    assert (q.float().abs().amax(dim=-1) == 448).all()  # each row's amax lands on e4m3's largest value
+
+
 def test_no_weight_no_bias_and_constant_rows():
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     x[2] = 1.0  # zero variance: y = 0, scale = tiny, q = 0
@@ -77,6 +88,8 @@ def test_fake_shapes():
         assert q.shape == x.shape and q.dtype == torch.int8 and s.shape == (18,) and y.shape == x.shape
         q, s, y = torch.ops.oasr.layer_norm_quant(x, None, None, 1e-5, False, "int8", "lnq_r64_v4")
         assert y.shape == (0,)
+        q, s, y = torch.ops.oasr.layer_norm_quant(x, None, None, 1e-5, False, "fp8", "auto")
+        assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn and s.shape == (18,) and y.shape == (0,)
 
 
 @pytest.mark.parametrize("call,match", [
@@ -113,19 +126,22 @@ def test_auto_config_by_width_and_ids_round_trip():
 def test_every_config_and_variant_renders_its_own_source():
     seen = set()
     for c in SPACE:
-        for v in ("fp16_int8", "bf16_int8"):
+        for v in ("fp16_int8", "bf16_int8", "fp16_fp8", "bf16_fp8"):
             src = render_layer_norm_quant(c, v)
             assert f"constexpr int kThreadsPerRow = {c.threads_per_row};" in src
-            assert f"constexpr int kVec = {c.vec};" in src and "kQmax = 127.f" in src
+            qmax, qtype = ("448", "__nv_fp8_e4m3") if v.endswith("fp8") else ("127", "int8_t")
+            assert f"constexpr int kVec = {c.vec};" in src and f"kQmax = {qmax}.f" in src
+            assert f"using QElement = {qtype};" in src
             assert src == render_layer_norm_quant(c, v)  # deterministic (the JIT key hashes it)
             seen.add(src)
-    assert len(seen) == 2 * len(SPACE)
+    assert len(seen) == 4 * len(SPACE)
     with pytest.raises(ValueError, match="scheme"):
         render_layer_norm_quant(SPACE[0], "fp16_int4")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg,variant,arch", [("lnq_r128_v8", "fp16_int8", "90a"), ("lnq_r32_v4", "bf16_int8", "80")])
+@pytest.mark.parametrize("cfg,variant,arch", [("lnq_r128_v8", "fp16_int8", "90a"), ("lnq_r32_v4", "bf16_int8", "80"),
+                                              ("lnq_r32_v8", "fp16_fp8", "90a"), ("lnq_r64_v4", "bf16_fp8", "89")])
 def test_nvcc_builds_and_exports_the_launcher(tmp_path, monkeypatch, cfg, variant, arch):
     from oasr_ops.codegen.jit import nvcc_path
     from oasr_ops.families.layer_norm_quant.kernels import load_kernel

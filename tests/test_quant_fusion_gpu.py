@@ -42,18 +42,19 @@ ACT_TILES = SMM_LANE.data_parallel()
 @pytest.fixture(scope="module", autouse=True)
 def _built():
     arch = cuda_arch_of(DEV)
-    specs = [spec_for(c, dt, "int8", arch) for c in SPACE for dt in (torch.float16, torch.bfloat16)]
+    specs = [spec_for(c, dt, sch, arch) for c in SPACE for dt in (torch.float16, torch.bfloat16)
+             for sch in ("int8", "fp8")]
     specs += [JitSpec.for_kernel(SMM_LANE, c, f"int8_{a}", ARCH) for a in ("gelu", "silu") for c in ACT_TILES]
     rep = build_many(specs, progress=False)
     print(rep.summary(), flush=True)
     assert not rep.failed, rep.summary()
 
 
-def _poison():
-    """Fill and free a block so the next allocations reuse memory holding 0x80 bytes (int8 -128, which the
-    layer-norm kernel never writes; fp32 / fp16 tiny negatives)."""
-    small = [torch.full((1 << 19,), 0x80, dtype=torch.uint8, device=DEV) for _ in range(64)]  # < 1 MB: small pool
-    large = torch.full((64 << 20,), 0x80, dtype=torch.uint8, device=DEV)
+def _poison(byte: int = 0x80):
+    """Fill and free a block so the next allocations reuse memory holding `byte` (0x80: int8 -128, which the
+    layer-norm kernel never writes; 0xFF: an e4m3 NaN, which its saturating conversion never writes)."""
+    small = [torch.full((1 << 19,), byte, dtype=torch.uint8, device=DEV) for _ in range(64)]  # < 1 MB: small pool
+    large = torch.full((64 << 20,), byte, dtype=torch.uint8, device=DEV)
     del small, large
 
 
@@ -71,6 +72,39 @@ def _check_lnq(x, w, b, eps, normalized, config):
         assert torch.allclose(y.float(), ry.float(), rtol=tol, atol=tol)
     else:
         assert y.numel() == 0
+
+
+def _check_lnq_fp8(x, w, b, eps, normalized, config):
+    """The fp8 scheme: e4m3 rows within one e4m3 step of the reference (the kernel multiplies by 1 / scale where the
+    reference divides), almost all equal, scales equal to fp32 rounding, no NaN-poisoned byte left."""
+    from oasr_ops.families.scaled_mm_fp8.reference import e4m3_steps
+
+    _poison(0xFF)
+    q, s, y = oasr_ops.layer_norm_quant(x, w, b, eps, normalized=normalized, scheme="fp8", config=config)
+    torch.cuda.synchronize()
+    rq, rs, ry = reference_layer_norm_quant(x, w, b, eps, normalized, "fp8")
+    assert q.dtype == torch.float8_e4m3fn and (q.view(torch.uint8) != 0xFF).all(), "unwritten output"
+    assert (s > 0).all() and torch.allclose(s, rs, rtol=1e-2, atol=0)
+    steps = e4m3_steps(q, rq)
+    assert steps.max().item() <= 1 and (steps == 0).float().mean().item() > 0.98
+    if normalized:
+        tol = 2 ** -7 if x.dtype == torch.bfloat16 else 2 ** -9
+        assert torch.allclose(y.float(), ry.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("config", [c.id for c in SPACE])
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_layer_norm_quant_fp8_every_config(config, dtype):
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for n in (64, 512, 768, 1024):
+        if n > next(c for c in SPACE if c.id == config).max_width:
+            continue
+        for m in (1, 17, 1000):
+            x = (torch.randn(m, n, device=DEV, generator=g) * 2 + 0.3).to(dtype)
+            w = (torch.rand(n, device=DEV, generator=g) + 0.5).to(dtype)
+            b = torch.randn(n, device=DEV, generator=g).to(dtype)
+            _check_lnq_fp8(x, w, b, 1e-5, m == 17, config)
+    _check_lnq_fp8(torch.randn(7, 3, 512, device=DEV, dtype=dtype), None, None, 1e-6, False, "auto")
 
 
 @pytest.mark.parametrize("config", [c.id for c in SPACE])

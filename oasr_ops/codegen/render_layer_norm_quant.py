@@ -4,8 +4,8 @@ and the JIT spec that builds it through the shared cache (`JitSpec`: same key, t
 No CUTLASS and no `Lane`: the kernel is a row reduction, its config space is the row mapping only —
 ``lnq_r{threads_per_row}_v{vec}`` (threads cooperating on one row, elements per vector load); a CTA holds
 ``max(1, 128 // threads_per_row)`` rows and each thread keeps up to `CHUNKS` vectors of its row in registers.
-Variant (the spec's "dtype"): ``<fp16|bf16>_<scheme>``, the input element type and the quantization scheme (int8
-now; an fp8 scheme is one more `SCHEMES` entry with its qmax and output type in the template).
+Variant (the spec's "dtype"): ``<fp16|bf16>_<scheme>``, the input element type and the quantization scheme (int8,
+or fp8: e4m3 outputs with the scale amax / 448, the template's `quantize`).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ THREADS_PER_ROW = (32, 64, 128, 256)
 VECS = (4, 8)
 CTA_MIN = 128
 _ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
-# scheme -> largest quantized magnitude (symmetric): the scale is amax / qmax.
-SCHEMES = {"int8": 127}
+# scheme -> largest quantized magnitude (symmetric): the scale is amax / qmax (fp8: e4m3's largest finite value).
+SCHEMES = {"int8": 127, "fp8": 448}
 _ID = re.compile(r"lnq_r([1-9][0-9]*)_v([1-9][0-9]*)")
 
 

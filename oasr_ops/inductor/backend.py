@@ -25,8 +25,8 @@ non-default):
   scales, and which mode is faster depends on the model (``"act"`` on the Conformer, ``True`` on the Whisper-style
   encoder);
   ``"act"`` fuses only GEMM -> activation -> quantization and leaves the LayerNorms' quantization to Inductor.
-  fp8 graphs (``"fp8_w8a8"``, either form) get GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant`; their LayerNorms'
-  quantization always stays with Inductor (no fp8 layer_norm_quant: ``True`` warns once and acts as ``"act"``).
+  fp8 graphs (``"fp8_w8a8"``, either form) get the same: GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant` and,
+  with ``True``, LayerNorm -> `oasr.layer_norm_quant(..., scheme="fp8")`.
 * ``options={"fuse_residual": ...}`` (default: on when ``fuse_quantization`` is, off otherwise; measured gains):
   an int8 GEMM whose output is only added to the residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``) becomes
   one `oasr.scaled_mm_residual` call, the add in the GEMM's epilogue (`fuse_residual`); applied after the

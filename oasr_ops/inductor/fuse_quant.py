@@ -15,10 +15,9 @@ oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``; both fp8 pa
    ``scaled_mm_fp8 -> gelu|silu -> quantize_per_token_fp8_calibrated(., s)`` becomes
    ``oasr.scaled_mm_fp8_act_quant`` (e4m3 hidden, fc2's ``scaled_mm_fp8`` reads it with ``scale_a = s``).
 
-There is no fp8 LayerNorm -> quantize op: an fp8 LayerNorm's quantization stays in the graph for Inductor, which
-fuses it with the LayerNorm and the residual add (for int8 that measured faster than `layer_norm_quant`:
-docs/perf/e2e.md). ``layer_norms=True`` on a graph with fp8 layers therefore does rewrite 2 only for them, with
-one warning (`FP8_LAYER_NORM_WARNING`), as ``"act"`` would.
+fp8 graphs get both rewrites too: the LayerNorm becomes ``oasr.layer_norm_quant(..., scheme="fp8")`` (e4m3 rows,
+scale amax / 448, what ``quantize_per_token_fp8`` computes) when every quantization it feeds is an fp8 one; a
+LayerNorm feeding both schemes stays as it is (reported in ``unfused``).
 
 Why on Dynamo's graph (before AOTAutograd) rather than as a post-grad pattern: there LayerNorm, GELU/SiLU, the
 reshapes and our ops are single nodes; post-grad, LayerNorm and the composite quantization are decomposed into
@@ -29,7 +28,6 @@ hashed into `OasrRewritePass.uuid` as well (`rewrite._family_sources`).
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -44,10 +42,8 @@ _ACT_QUANT_RULES = (
     (_QUANT_FP8_CAL, _SCALED_MM_FP8, torch.ops.oasr.scaled_mm_fp8_act_quant.default),
 )
 _ALL_QUANTS = _QUANT | _QUANT_CAL | _QUANT_FP8 | _QUANT_FP8_CAL
-FP8_LAYER_NORM_WARNING = (
-    "fuse_quantization=True with fp8 layers: there is no fp8 layer_norm_quant, so their LayerNorms' per-token "
-    "quantization is left to Inductor (which fuses it with the LayerNorm and the residual add) and only "
-    "GEMM -> GELU/SiLU -> quantization is fused, as with fuse_quantization='act'")
+_INT8_QUANTS = _QUANT | _QUANT_CAL
+_FP8_QUANTS = _QUANT_FP8 | _QUANT_FP8_CAL
 
 
 @dataclass
@@ -56,7 +52,6 @@ class FuseReport:
     quant_consumers: int = 0    # quantizations those absorbed
     act_quant: int = 0          # GEMM -> activation -> quantization chains served by oasr.scaled_mm[_fp8]_act_quant
     unfused: list[str] = field(default_factory=list)  # quantizations left as they were, and why
-    fp8_layer_norms_to_inductor: int = 0  # fp8 LayerNorm quantizations left to Inductor under layer_norms=True
 
 
 def _getitems(q: torch.fx.Node) -> dict[int, torch.fx.Node]:
@@ -89,6 +84,11 @@ def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep
         if _layer_norm_args(src) is not None:
             by_ln.setdefault(src, []).append(q)
     for ln, qs in by_ln.items():
+        schemes = {"fp8" if q.target in _FP8_QUANTS else "int8" for q in qs}
+        if len(schemes) > 1:
+            rep.unfused.append(f"{ln.name}: LayerNorm feeding both int8 and fp8 quantizations")
+            continue
+        scheme = schemes.pop()
         x, w, b, eps = _layer_norm_args(ln)
         k = ln.meta.get("example_value")
         width = int(k.shape[-1]) if isinstance(k, torch.Tensor) else None
@@ -98,7 +98,7 @@ def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep
         others = not _chain_users_only_lead_to(ln, set(qs))
         with g.inserting_before(ln):
             xc = g.call_method("contiguous", (x,))
-            lnq = g.call_function(torch.ops.oasr.layer_norm_quant.default, (xc, w, b, eps, others, "int8", "auto"))
+            lnq = g.call_function(torch.ops.oasr.layer_norm_quant.default, (xc, w, b, eps, others, scheme, "auto"))
             q_rows = g.call_method("reshape", (g.call_function(operator.getitem, (lnq, 0)), -1, width))
             scale = g.call_function(operator.getitem, (lnq, 1))
             y = g.call_function(operator.getitem, (lnq, 2)) if others else None
@@ -156,9 +156,7 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     """Apply both rewrites to `gm` in place (module docstring); returns what was fused. `layer_norms=False`: only
     the GEMM -> activation -> quantize rewrite; a LayerNorm's quantization stays for Inductor, which fuses it into
     one kernel with the LayerNorm and the residual add before it (`oasr.layer_norm_quant`, an opaque op, ends
-    that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md). fp8 quantizations after a
-    LayerNorm are always left to Inductor (no fp8 layer_norm_quant; with `layer_norms`, warned once:
-    `FP8_LAYER_NORM_WARNING`)."""
+    that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md). int8 and fp8 alike."""
     rep = FuseReport()
     _LOG.append(rep)
     del _LOG[:-64]
@@ -167,21 +165,15 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
         return rep
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
-        _fuse_layer_norms(gm, [q for q in quants if q.target in _QUANT | _QUANT_CAL], rep)
+        _fuse_layer_norms(gm, [q for q in quants if q.target in _INT8_QUANTS | _FP8_QUANTS], rep)
     eliminate_dead_code(gm.graph)
     left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     for n in left:
         producer = through_views(n.args[0])
-        if _layer_norm_args(producer) is not None:
-            fp8 = n.target in _QUANT_FP8 | _QUANT_FP8_CAL
-            if fp8 and layer_norms:
-                rep.fp8_layer_norms_to_inductor += 1
-            if fp8 or not layer_norms:
-                continue  # left to Inductor on purpose
+        if _layer_norm_args(producer) is not None and not layer_norms:
+            continue  # left to Inductor on purpose
         rep.unfused.append(f"{n.name}: producer {getattr(producer, 'name', '?')} is not a "
                            "LayerNorm, nor a GEMM + GELU/SiLU with a calibrated scale")
-    if rep.fp8_layer_norms_to_inductor:
-        warnings.warn(FP8_LAYER_NORM_WARNING, UserWarning, stacklevel=2)
     gm.graph.lint()
     gm.recompile()
     return rep

@@ -3,18 +3,19 @@
 ``oasr::layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, bool normalized, str scheme,
 str config) -> (Tensor q, Tensor scale, Tensor y)``
     x: ``[..., N]`` fp16 / bf16 (fp32 runs the reference everywhere), contiguous. weight, bias: ``[N]`` of x's
-    dtype or fp32, or None. scheme: the quantization scheme (``"int8"``; the kernels are keyed by it so an fp8
-    scheme plugs in as one more variant). config: ``"auto"`` (the per-width table `AUTO_BY_WIDTH`) or an
+    dtype or fp32, or None. scheme: the quantization scheme, ``"int8"`` or ``"fp8"`` (e4m3, scale amax / 448:
+    what `oasr::quantize_per_token_fp8` computes; the kernels are keyed by it). config: ``"auto"`` (the per-width table `AUTO_BY_WIDTH`) or an
     ``lnq_r{threads_per_row}_v{vec}`` id.
-    Returns q (int8, x's shape), scale (fp32 ``[M]``, M = x.numel() / N) and y: the normalized row in x's dtype
-    when ``normalized`` (another consumer reads it), else an empty tensor (nothing written).
+    Returns q (int8 or float8_e4m3fn, x's shape), scale (fp32 ``[M]``, M = x.numel() / N) and y: the normalized
+    row in x's dtype when ``normalized`` (another consumer reads it), else an empty tensor (nothing written).
 
 The formula (what the reference computes and the kernel reproduces; tolerances in tests/test_layer_norm_quant*.py)::
 
     y = round_to_x_dtype(layer_norm_fp32(x, weight, bias, eps))      # what the unfused LayerNorm writes
-    scale = max(amax(|y|, -1), 1e-12) / 127;  q = clamp(round_half_even(y / scale), -127, 127)
+    scale = max(amax(|y|, -1), 1e-12) / 127;  q = clamp(round_half_even(y / scale), -127, 127)      # int8
+    scale = max(amax(|y|, -1), 1e-12) / 448;  q = e4m3(clamp(y / scale, -448, 448))                 # fp8
 
-i.e. exactly `oasr::quantize_per_token` of the unfused LayerNorm's output: fusing changes the passes over memory,
+i.e. exactly `oasr::quantize_per_token` (`_fp8`) of the unfused LayerNorm's output: fusing changes the passes over memory,
 not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
 JIT-built kernel (templates/layer_norm_quant.cu.j2), which is CUDA-graph capturable (current stream, caching
 allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients.
@@ -32,8 +33,8 @@ _lib.define("layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps,
             "str config) -> (Tensor, Tensor, Tensor)", tags=(torch.Tag.needs_fixed_stride_order,))
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_QMAX = {"int8": 127.0}
-_QDTYPE = {"int8": torch.int8}
+_QMAX = {"int8": 127.0, "fp8": 448.0}
+_QDTYPE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 # Width -> config, measured on the H200 (device step lnq-bench, benchmarks/logs/sm90_layer_norm_quant.json; CUDA
 # graphs of 20 calls, fp16, M = 4000 and 16000): one warp per row (lnq_r32_v8) was the fastest or within 5 % at
 # every measured width, 256..1024 (N=512, M=4000: 4.8 us; r64_v8 5.5, r128_v8 7.4, r256_v8 12.3). Wider rows than
@@ -90,7 +91,10 @@ def reference_layer_norm_quant(x, weight, bias, eps: float, normalized: bool, sc
     yf = y.float().reshape(-1, n)
     qmax = _QMAX[scheme]
     scale = yf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / qmax
-    q = torch.round(yf / scale).clamp_min(-qmax).clamp_max(qmax).to(_QDTYPE[scheme]).reshape(x.shape)
+    if scheme == "fp8":  # e4m3: the cast rounds to nearest even; clamp first (the cast alone maps overflow to NaN)
+        q = (yf / scale).clamp(-qmax, qmax).to(_QDTYPE[scheme]).reshape(x.shape)
+    else:
+        q = torch.round(yf / scale).clamp_min(-qmax).clamp_max(qmax).to(_QDTYPE[scheme]).reshape(x.shape)
     return q, scale.reshape(-1), (y if normalized else x.new_empty((0,)))
 
 
