@@ -1,7 +1,8 @@
 """The fp8 act-quant kernels on the GPU (H200): oasr::scaled_mm_fp8_act_quant (the ``fp8_gelu`` variant of every
 data-parallel sm90 tile, ``fp8_silu`` of the lane default) vs the reference, odd M, bias / no bias, per-tensor /
 per-row scales, poisoned outputs, the activations' tails and saturation; the bitwise rule of docs/kernels.md;
-CUDA-graph capture; and the fused FFN block compiled with ``fuse_quantization="act"`` under reduce-overhead.
+CUDA-graph capture; and the fused FFN block compiled with ``fuse_quantization="act"`` and ``True`` (the LayerNorm
+on `layer_norm_quant`'s fp8 scheme) under reduce-overhead.
 
 Two checks, because two things can differ from the reference (docs/kernels.md, "fp8 act-quant"):
 * the epilogue's fast math (approximate exp2 / reciprocal, the polynomial erf): checked alone with operands whose
@@ -230,8 +231,9 @@ class _Block(nn.Module):
         return x + self.fc2(self.act(self.fc1(self.ln(x))))
 
 
+@pytest.mark.parametrize("mode", ("act", True))
 @pytest.mark.parametrize("act", (nn.GELU, nn.SiLU))
-def test_fused_block_compiled_with_cuda_graphs(act):
+def test_fused_block_compiled_with_cuda_graphs(act, mode):
     torch.manual_seed(0)
     ref = _Block(act=act).to(DEV).eval()
     x = torch.randn(8, 250, 512, device=DEV)
@@ -245,13 +247,14 @@ def test_fused_block_compiled_with_cuda_graphs(act):
     from oasr_ops.inductor.fuse_quant import fuse_log
 
     # torch.compile refuses mode= together with options=: the backend reads the mode from its options
-    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead", "fuse_quantization": "act"})
+    # (True also serves the LayerNorm with layer_norm_quant's fp8 scheme)
+    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead", "fuse_quantization": mode})
     with torch.no_grad():
         for _ in range(3):
             out = fn(x.half())
         torch.cuda.synchronize()
     rep = fuse_log()[-1]
-    assert (rep.act_quant, rep.unfused) == (1, [])
+    assert (rep.act_quant, rep.layer_norm_quant, rep.unfused) == (1, int(mode is True), [])
     err = ((out.float() - want).abs().max() / want.abs().max()).item()
     assert err < 3e-2, err
     with torch.no_grad():  # the same model unfused (dynamic per-token fc2 input): the fusion costs little accuracy
