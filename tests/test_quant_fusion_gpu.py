@@ -74,6 +74,20 @@ def _check_lnq(x, w, b, eps, normalized, config):
         assert y.numel() == 0
 
 
+def _lnq_cases(config, dtype, widths, seed):
+    """(x, weight, bias, normalized) rows for one config: every width it holds x M in {1, 17, 1000} (the normalized
+    row written at M = 17), random fresh inputs from one generator."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    for n in widths:
+        if n > next(c for c in SPACE if c.id == config).max_width:
+            continue
+        for m in (1, 17, 1000):
+            x = (torch.randn(m, n, device=DEV, generator=g) * 2 + 0.3).to(dtype)
+            w = (torch.rand(n, device=DEV, generator=g) + 0.5).to(dtype)
+            b = torch.randn(n, device=DEV, generator=g).to(dtype)
+            yield x, w, b, m == 17
+
+
 def _check_lnq_fp8(x, w, b, eps, normalized, config):
     """The fp8 scheme: e4m3 rows within one e4m3 step of the reference (the kernel multiplies by 1 / scale where the
     reference divides), almost all equal, scales equal to fp32 rounding, no NaN-poisoned byte left."""
@@ -95,30 +109,16 @@ def _check_lnq_fp8(x, w, b, eps, normalized, config):
 @pytest.mark.parametrize("config", [c.id for c in SPACE])
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_layer_norm_quant_fp8_every_config(config, dtype):
-    g = torch.Generator(device=DEV).manual_seed(1)
-    for n in (64, 512, 768, 1024):
-        if n > next(c for c in SPACE if c.id == config).max_width:
-            continue
-        for m in (1, 17, 1000):
-            x = (torch.randn(m, n, device=DEV, generator=g) * 2 + 0.3).to(dtype)
-            w = (torch.rand(n, device=DEV, generator=g) + 0.5).to(dtype)
-            b = torch.randn(n, device=DEV, generator=g).to(dtype)
-            _check_lnq_fp8(x, w, b, 1e-5, m == 17, config)
+    for x, w, b, normalized in _lnq_cases(config, dtype, (64, 512, 768, 1024), seed=1):
+        _check_lnq_fp8(x, w, b, 1e-5, normalized, config)
     _check_lnq_fp8(torch.randn(7, 3, 512, device=DEV, dtype=dtype), None, None, 1e-6, False, "auto")
 
 
 @pytest.mark.parametrize("config", [c.id for c in SPACE])
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_layer_norm_quant_every_config_every_width(config, dtype):
-    g = torch.Generator(device=DEV).manual_seed(0)
-    for n in WIDTHS:
-        if n > next(c for c in SPACE if c.id == config).max_width:
-            continue
-        for m in (1, 17, 1000):
-            x = (torch.randn(m, n, device=DEV, generator=g) * 2 + 0.3).to(dtype)
-            w = (torch.rand(n, device=DEV, generator=g) + 0.5).to(dtype)
-            b = torch.randn(n, device=DEV, generator=g).to(dtype)
-            _check_lnq(x, w, b, 1e-5, m == 17, config)
+    for x, w, b, normalized in _lnq_cases(config, dtype, WIDTHS, seed=0):
+        _check_lnq(x, w, b, 1e-5, normalized, config)
 
 
 @pytest.mark.parametrize("m", MS)
