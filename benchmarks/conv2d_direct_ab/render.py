@@ -1,7 +1,8 @@
 """A/B of the conv2d direct kernel's template: render `templates/conv2d_direct.cu.j2` as of a git revision (old_*)
-and as in the working tree (new_*) for some direct configs, plus a variant of one new source (x_reg_*: the
-3x3 Cin = 1 register path instead of the tensor-core one). Used for the register path (docs/kernels.md, "The frontend conv2d"; logs
-benchmarks/logs/sm90_conv1_direct_ab*.txt). `--old REV[:CID,...]` is repeatable (files old_<REV>_<CID>.cu).
+and as in the working tree (new_*) for some direct configs, plus a variant of one new source (x_reg_*: the 3x3,
+Cin = 1 register path instead of the tensor-core one). Used for the first conv's rewrite (docs/kernels.md, "The
+frontend conv2d"; logs benchmarks/logs/sm90_conv1_direct_ab*.txt). `--old REV[:CID,...]` is repeatable (files
+old_<REV>_<CID>.cu).
 
   python benchmarks/conv2d_direct_ab/render.py --old 4d78113 --out build/conv2d_ab      (CPU host, needs the repo)
   bash benchmarks/conv2d_direct_ab/build.sh build/conv2d_ab                             (CPU host with nvcc)

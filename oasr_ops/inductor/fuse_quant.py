@@ -7,8 +7,8 @@ oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``; both fp8 pa
 
 1. LayerNorm -> quantize: ``layer_norm(x)`` whose output (through views) feeds per-token quantizations becomes one
    ``oasr.layer_norm_quant(x)``: one read of x writes the int8 (or e4m3) row and its scale; every quantizing
-   consumer of that LayerNorm (Q, K and V of an attention block) reads them. The normalized fp16 row is written too only when a
-   consumer other than a quantization reads it (``normalized=True``).
+   consumer of that LayerNorm (Q, K and V of an attention block) reads them. The normalized fp16 row is written
+   too only when a consumer other than a quantization reads it (``normalized=True``).
 2. GEMM -> activation -> quantize: ``scaled_mm(...) -> gelu|silu -> quantize_per_token_calibrated(., s)`` (fc1 ->
    act -> fc2 with fc2 calibrated) becomes ``oasr.scaled_mm_act_quant(..., out_scale=s, act)``: the int8 hidden
    comes out of fc1's epilogue and fc2 reads it with ``scale_a = s``; the fp16 hidden is never written. fp8:

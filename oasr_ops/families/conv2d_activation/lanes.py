@@ -42,7 +42,8 @@ _IMPLICIT_GEMM_3X = (
     "t64x128x64_c1x1_ws",    # small tiles: more CTAs for short inputs
 )
 DIRECT_DEFAULT = parse("dc128x128_v8_n256")  # docs/perf/conv.md: 4.6-5.8x cuDNN + its ReLU pass, 12 shapes
-# the untuned rule's tile for the 3x3, Cin = 1 conv (tensor-core path) at large M (ops.DIRECT_LARGE_M; docs/perf/conv.md)
+# the untuned rule's tile for the 3x3, Cin = 1 conv (tensor-core path) at large M (ops.DIRECT_LARGE_M;
+# docs/perf/conv.md)
 DIRECT_LARGE = parse("dc256x128_v8_n128")
 _SM80_ARCHS = ("sm80", "sm86", "sm87", "sm89")
 _SMEM = {"sm80": 163 * 1024, "sm87": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024}

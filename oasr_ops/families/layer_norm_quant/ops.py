@@ -4,8 +4,8 @@
 str config) -> (Tensor q, Tensor scale, Tensor y)``
     x: ``[..., N]`` fp16 / bf16 (fp32 runs the reference everywhere), contiguous. weight, bias: ``[N]`` of x's
     dtype or fp32, or None. scheme: the quantization scheme, ``"int8"`` or ``"fp8"`` (e4m3, scale amax / 448:
-    what `oasr::quantize_per_token_fp8` computes; the kernels are keyed by it). config: ``"auto"`` (the per-width table `AUTO_BY_WIDTH`) or an
-    ``lnq_r{threads_per_row}_v{vec}`` id.
+    what `oasr::quantize_per_token_fp8` computes; the kernels are keyed by it). config: ``"auto"`` (the per-width
+    table `AUTO_BY_WIDTH`) or an ``lnq_r{threads_per_row}_v{vec}`` id.
     Returns q (int8 or float8_e4m3fn, x's shape), scale (fp32 ``[M]``, M = x.numel() / N) and y: the normalized
     row in x's dtype when ``normalized`` (another consumer reads it), else an empty tensor (nothing written).
 
@@ -15,8 +15,8 @@ The formula (what the reference computes and the kernel reproduces; tolerances i
     scale = max(amax(|y|, -1), 1e-12) / 127;  q = clamp(round_half_even(y / scale), -127, 127)      # int8
     scale = max(amax(|y|, -1), 1e-12) / 448;  q = e4m3(clamp(y / scale, -448, 448))                 # fp8
 
-i.e. exactly `oasr::quantize_per_token` (`_fp8`) of the unfused LayerNorm's output: fusing changes the passes over memory,
-not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
+i.e. exactly `oasr::quantize_per_token` (`_fp8`) of the unfused LayerNorm's output: fusing changes the passes over
+memory, not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
 JIT-built kernel (templates/layer_norm_quant.cu.j2), which is CUDA-graph capturable (current stream, caching
 allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients.
 """
