@@ -31,6 +31,17 @@ def compile_captured(model, x, **options):
     return out, cap.graphs[-1]
 
 
+def ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """Every node `node` reads, transitively."""
+    seen, todo = set(), [node]
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
 def calls(graph: torch.fx.Graph, op) -> list[torch.fx.Node]:
     """The nodes of `graph` calling `op`'s default overload."""
     return [n for n in graph.nodes if n.op == "call_function" and n.target is op.default]

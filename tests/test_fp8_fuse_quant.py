@@ -26,7 +26,7 @@ from oasr_ops.families.scaled_mm_fp8.reference import FP8, e4m3_steps, quantize_
 from oasr_ops.inductor import fuse_quant
 
 from _act_envelope import assert_in_envelope, e4m3_envelope, fit_error
-from _fx_capture import calls, compile_captured
+from _fx_capture import ancestors as _ancestors, calls, compile_captured
 
 OPS = torch.ops.oasr
 
@@ -317,16 +317,6 @@ def _compile(model, x, **options):
 
 
 _calls = calls
-
-
-def _ancestors(node):
-    seen, todo = set(), [node]
-    while todo:
-        for a in todo.pop().all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                todo.append(a)
-    return seen
 
 
 def _before_next_gemm(node):

@@ -13,7 +13,7 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant
 from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import Capture, calls, compile_captured
+from _fx_capture import Capture, ancestors as _ancestors, calls, compile_captured
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
@@ -41,17 +41,6 @@ def _compile(model, x, **options):
 
 
 _calls = calls
-
-
-def _ancestors(node):
-    seen, todo = set(), [node]
-    while todo:
-        n = todo.pop()
-        for a in n.all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                todo.append(a)
-    return seen
 
 
 def _assert_fused_ffn(graph, act):

@@ -19,9 +19,8 @@ import pathlib
 import subprocess
 import tempfile
 
-import jinja2
-
 from oasr_ops.codegen.render_conv2d import DIRECT_TEMPLATE, render_conv2d
+from oasr_ops.codegen.templates import environment_for
 from oasr_ops.configs import parse
 from oasr_ops.families.conv2d_activation.lanes import SM90_F16_CONV2D
 
@@ -30,12 +29,6 @@ NEW = ("dc128x128_v8_n256", "dc64x128_v8_n128", "dc256x128_v8_n128", "dc256x128_
        "dc256x64_v8_n128", "dc256x512_v8_n512")
 OLD = ("dc128x128_v8_n256",)
 MMA = "constexpr bool kMmaPath = kVec == 8"
-
-
-def env_for(folder: pathlib.Path) -> jinja2.Environment:
-    """A loader over `folder` with the package's own options (codegen/templates.py)."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
 
 
 def main() -> None:
@@ -50,7 +43,7 @@ def main() -> None:
     ids = sorted(set(NEW).union(*(c for _, c in olds)))
     lane = dataclasses.replace(SM90_F16_CONV2D, space=tuple(SM90_F16_CONV2D.space) + tuple(
         parse(i) for i in ids if parse(i) not in SM90_F16_CONV2D.space))
-    new_env = env_for(REPO / "templates")
+    new_env = environment_for(REPO / "templates")
     for rev, cids in olds:
         with tempfile.TemporaryDirectory() as old_dir:
             for t in (REPO / "templates").iterdir():
@@ -60,7 +53,7 @@ def main() -> None:
                     (pathlib.Path(old_dir) / t.name).write_text(src.stdout)
                 elif t.name == DIRECT_TEMPLATE:
                     raise SystemExit(f"git show {rev}:templates/{t.name} failed: {src.stderr.strip()}")
-            old_env = env_for(pathlib.Path(old_dir))
+            old_env = environment_for(pathlib.Path(old_dir))
             for cid in cids:
                 (out / f"old_{rev}_{cid}.cu").write_text(render_conv2d(lane, parse(cid), "fp16", old_env))
     for cid in NEW:

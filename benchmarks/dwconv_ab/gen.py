@@ -16,7 +16,7 @@ import argparse
 import pathlib
 import subprocess
 
-import jinja2
+from oasr_ops.codegen.templates import environment_for
 
 
 REPO = pathlib.Path(__file__).resolve().parents[2]  # the tree's template, also under an installed package
@@ -53,7 +53,7 @@ def main() -> None:
     if base.returncode:
         raise SystemExit(f"git show {a.base}:templates/{TEMPLATE} failed: {base.stderr.strip()}")
     sources = {"base": base.stdout, "repo": (REPO / "templates" / TEMPLATE).read_text()}
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env = environment_for(REPO / "templates")
     chunks, table = [], []
     for name, tpl, layout, tt, tc, vec, thr in VARIANTS:
         ns = f"{name}_{layout}"

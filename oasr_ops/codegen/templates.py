@@ -10,13 +10,19 @@ from ..paths import templates_dir
 ABI_VERSION = 1
 
 
-@functools.lru_cache(maxsize=1)
-def environment():
+def environment_for(folder):
+    """A Jinja environment over `folder` with the renderers' options (the A/B tools in benchmarks/ render other
+    revisions of templates/ with it)."""
     import jinja2  # on the first render, not with the package
 
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(str(folder)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def environment():
+    return environment_for(templates_dir())

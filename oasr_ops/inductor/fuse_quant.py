@@ -41,9 +41,8 @@ _ACT_QUANT_RULES = (
     (_QUANT_CAL, _SCALED_MM, torch.ops.oasr.scaled_mm_act_quant.default),
     (_QUANT_FP8_CAL, _SCALED_MM_FP8, torch.ops.oasr.scaled_mm_fp8_act_quant.default),
 )
-_ALL_QUANTS = _QUANT | _QUANT_CAL | _QUANT_FP8 | _QUANT_FP8_CAL
-_INT8_QUANTS = _QUANT | _QUANT_CAL
 _FP8_QUANTS = _QUANT_FP8 | _QUANT_FP8_CAL
+_ALL_QUANTS = _QUANT | _QUANT_CAL | _FP8_QUANTS
 
 
 @dataclass
@@ -165,7 +164,7 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
         return rep
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
-        _fuse_layer_norms(gm, [q for q in quants if q.target in _INT8_QUANTS | _FP8_QUANTS], rep)
+        _fuse_layer_norms(gm, quants, rep)
     eliminate_dead_code(gm.graph)
     left = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     for n in left:
