@@ -10,9 +10,10 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
              oasr.layer_norm_quant, fc1 -> oasr.scaled_mm_act_quant -> fc2)
   int8-all   (--with-unfused) every qualifying layer int8, fusion pass off: the pre-issue-15 int8 path
 --quantization fp8_w8a8: the same with e4m3 (`quantize_(model, "fp8_w8a8")`): fp8-fused-act (the fusable layers,
-  calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2; there is no fp8
-  layer_norm_quant, so no fp8 counterpart of int8-fused) and, with --with-unfused, fp8-all (every qualifying layer
-  fp8, fusion pass off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
+  calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2, the LayerNorms' e4m3
+  quantization left to Inductor), fp8-fused (the same with fuse_quantization=True: the LayerNorms too, as
+  oasr.layer_norm_quant(scheme="fp8")) and, with --with-unfused, fp8-all (every qualifying layer fp8, fusion pass
+  off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
   (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res and
   -sib compiled with Inductor's freezing, -frz).
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
@@ -187,7 +188,7 @@ def main() -> int:
                    help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
                         "plus fp16 with --profile-fp16)")
     p.add_argument("--quantization", choices=("int8_w8a8", "fp8_w8a8"), default="int8_w8a8",
-                   help="fp8_w8a8: time fp8-fused-act (and fp8-all with --with-unfused) instead of the int8 variants")
+                   help="fp8_w8a8: time fp8-fused-act and fp8-fused (and fp8-all with --with-unfused) instead of the int8 variants")
     p.add_argument("--only", default=None,
                    help="time only these variants (comma-separated names, fp16 always kept as the baseline): keeps a "
                         "GPU call short when the other variants were measured before")
@@ -278,7 +279,8 @@ def main() -> int:
             opts.setdefault("fuse_siblings", False)
     if fp8:  # the fp8 variants replace the int8 ones (docstring)
         variants = {"fp16": variants["fp16"],
-                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"})}
+                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"}),
+                    "fp8-fused": (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": True})}
         if a.with_unfused:
             variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
                                    {"fuse_quantization": False})
