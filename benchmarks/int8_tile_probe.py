@@ -47,7 +47,7 @@ ASR_SHAPES = (
 def probe_specs(tiles: list[str]):
     """One JitSpec per probe tile: the sm90 int8 lane with the tile appended to its space (the lane's
     validation of a config is its space membership), variant fp16."""
-    import oasr_ops  # noqa: F401
+    import oasr_ops  # noqa: F401  (registers the lanes)
     from oasr_ops.codegen.jit import JitSpec
     from oasr_ops.configs import parse
     from oasr_ops.runtime.registry import get_lane
