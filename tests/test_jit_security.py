@@ -323,6 +323,13 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
+def _leads_session(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except OSError:  # exited meanwhile
+        return False
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for d in Path("/proc").iterdir():
@@ -402,10 +409,15 @@ def test_sigkilled_real_nvcc_build_leaves_no_process(tmp_path):
     try:
         seen: list[int] = []
 
-        def one_child() -> bool:  # keep the pid that was seen: a second listing can race with the child's exec
-            seen[:] = _children(builder.pid)
+        def guard_started() -> bool:
+            # The nvcc guard is the builder's one child that leads its own session. Not just "one child": the
+            # builder first runs `nvcc --version` (the cache key's nvcc validator) as a plain child, and on a
+            # loaded machine that one lives long enough to be seen; its pid names no session, so the wait below
+            # then timed out ("never started compiling"). Keep the pid that was seen: a second listing can race
+            # with the child's exec.
+            seen[:] = [pid for pid in _children(builder.pid) if _leads_session(pid)]
             return len(seen) == 1
-        assert _wait(one_child, 60)
+        assert _wait(guard_started, 60)
         sid = seen[0]
 
         def compiling() -> bool:  # nvcc has handed over to its front end / back end
