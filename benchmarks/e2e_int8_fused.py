@@ -176,9 +176,11 @@ def main() -> int:
                         "fuse_siblings=True (the q/k/v GEMMs sharing layer_norm_quant's int8 rows as one GEMM of "
                         "N = 3d on the concatenated weights; opt-in: docs/perf/e2e.md, session 7)")
     p.add_argument("--with-freezing", action="store_true",
-                   help="also time int8-fused-res-frz and int8-fused-sib-frz: those variants compiled with "
-                        "torch._inductor.config.freezing (weights as constants: the concatenation of the sibling "
-                        "pass's weights is folded at compile time instead of running every call)")
+                   help="also time int8-fused-res-frz, int8-fused-sib-frz, int8-fused-act-res-frz and the baseline "
+                        "fp16-frz (fp16 backend='inductor'): those variants compiled with "
+                        "torch._inductor.config.freezing (weights as constants: per-call weight transforms — the "
+                        "sibling pass's weight concatenation, bias casts, conv weight permutes, BatchNorm folds — "
+                        "run once at compile time instead of every call)")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -255,7 +257,10 @@ def main() -> int:
     if a.with_siblings:
         variants["int8-fused-sib"] = (copy.deepcopy(qmodel), oasr_backend,
                                       {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True})
-    if a.with_freezing:  # the weights as constants: the sibling pass's per-call cats fold away
+    if a.with_freezing:  # the weights as constants: per-call weight transforms (casts, permutes, folds) fold away
+        variants["fp16-frz"] = (copy.deepcopy(model), "inductor", {FREEZE: True})  # the baseline frozen too
+        variants["int8-fused-act-res-frz"] = (copy.deepcopy(qmodel), oasr_backend,
+                                              {"fuse_quantization": "act", "fuse_residual": True, FREEZE: True})
         variants["int8-fused-res-frz"] = (copy.deepcopy(qmodel), oasr_backend,
                                           {"fuse_quantization": True, "fuse_residual": True, FREEZE: True})
         variants["int8-fused-sib-frz"] = (copy.deepcopy(qmodel), oasr_backend,
