@@ -14,8 +14,8 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
   quantization left to Inductor), fp8-fused (the same with fuse_quantization=True: the LayerNorms too, as
   oasr.layer_norm_quant(scheme="fp8")) and, with --with-unfused, fp8-all (every qualifying layer fp8, fusion pass
   off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
-  (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res and
-  -sib compiled with Inductor's freezing, -frz).
+  (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res,
+  -sib and -act-res compiled with Inductor's freezing, -frz, and the frozen baseline fp16-frz).
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
