@@ -51,12 +51,17 @@ def latency_ms(fn, x, iters: int) -> float:
     return statistics.median(ts)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model / --model-args / --inputs / --input-args: the encoder a benchmark builds (`_load`, `_kwargs`)."""
     p.add_argument("--model", required=True, help="module:function building the model (kwargs dtype, device)")
     p.add_argument("--model-args", default="", help="k=v,... passed to the builder")
     p.add_argument("--inputs", required=True, help="module:function returning the example input tuple")
     p.add_argument("--input-args", default="", help="k=v,... passed to the inputs function")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(p)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--mode", default="reduce-overhead")

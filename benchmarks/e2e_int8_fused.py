@@ -144,11 +144,10 @@ def host_profile(fn, x, calls: int, top: int = 30) -> dict:
 
 
 def main() -> int:
+    from e2e_compare import add_model_arguments
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--model-args", default="")
-    p.add_argument("--inputs", required=True)
-    p.add_argument("--input-args", default="")
+    add_model_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--calib-batches", type=int, default=4)

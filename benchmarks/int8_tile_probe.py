@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -101,7 +100,7 @@ def main() -> int:
         return 0
 
     import torch
-    from scaled_mm import time_graph
+    from scaled_mm import time_alternating
 
     smm = sys.modules["oasr_ops.families.scaled_mm.ops"]
     kernels = {t: smm.load_kernel(s) for t, s in specs.items()}
@@ -140,12 +139,7 @@ def main() -> int:
             torch.cuda.synchronize()
             if not torch.equal(got, want):
                 raise SystemExit(f"{name} computes different bits from {REFERENCE_TILE} at {m}x{n}x{k}")
-        times: dict[str, list[float]] = {name: [] for name in arms}
-        order = list(arms)
-        for r in range(a.rounds):
-            for name in (order if r % 2 == 0 else order[::-1]):
-                times[name].append(time_graph(arms[name], 1, calls=8, reps=15))
-        us = {name: statistics.median(t) for name, t in times.items()}
+        us, times = time_alternating(arms, a.rounds)
         best_set = min(in_set, key=lambda c: us[c])
         flops = 2 * m * n * k
         print(f"\n{m}x{n}x{k}: best in set {best_set} {us[best_set]:.2f} us ({flops / us[best_set] / 1e6:.0f} TOPS)"

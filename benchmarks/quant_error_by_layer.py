@@ -42,11 +42,10 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def main() -> int:
+    from e2e_compare import add_model_arguments
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--model-args", default="")
-    p.add_argument("--inputs", required=True)
-    p.add_argument("--input-args", default="")
+    add_model_arguments(p)
     p.add_argument("--schemes", default="fp8_w8a8,int8_w8a8")
     p.add_argument("--extra", action="append", default=[], help="NAME=REGEX: one more group (re.search on names)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

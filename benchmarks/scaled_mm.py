@@ -72,6 +72,16 @@ def time_graph(call, copies: int, calls: int = 16, reps: int = 15, warmup: int =
     return statistics.median(times)
 
 
+def time_alternating(arms: dict, rounds: int, calls: int = 8, reps: int = 15) -> tuple[dict, dict]:
+    """Each arm (a `call(i)` for `time_graph`, one weight copy) timed in `rounds` rounds, forward order in even
+    rounds and reversed in odd ones (drift and order effects cancel): ({arm: median us}, {arm: [us per round]})."""
+    times: dict = {name: [] for name in arms}
+    for r in range(rounds):
+        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            times[name].append(time_graph(arms[name], 1, calls=calls, reps=reps))
+    return {name: statistics.median(t) for name, t in times.items()}, times
+
+
 class Problem:
     """Inputs of one (M, N, K) point with `copies` weight copies."""
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scaled_mm import time_graph  # noqa: E402
+from scaled_mm import time_alternating  # noqa: E402
 
 _I = ctypes.c_int
 _ARGS = [_I] * 11  # n, h, w, c, k, r, s, stride_h, stride_w, pad_h, pad_w
@@ -118,12 +117,7 @@ def main() -> int:
     for pr in probes:
         if pr.lib.probe_can_implement(*geo) == 0:
             arms[f"int8_{pr.name}"] = (lambda pr_: lambda _i=0: pr_.call(x, w, bias, out, geo, alpha))(pr)
-    times: dict[str, list[float]] = {n: [] for n in arms}
-    order = list(arms)
-    for r in range(a.rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
-            times[name].append(time_graph(arms[name], 1, calls=8, reps=15))
-    us = {n: statistics.median(t) for n, t in times.items()}
+    us, times = time_alternating(arms, a.rounds)
     flops = 2 * a.batch * p * q * c * 9 * c
     base = us["cudnn_fp16_conv"]
     print(f"\nConv2d({c}, {c}, 3, stride 2) on [{a.batch}, {h}, {wd}, {c}] NHWC -> [{a.batch}, {p}, {q}, {c}]:")
