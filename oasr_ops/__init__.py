@@ -10,6 +10,7 @@ from .configs import SENTINELS, Config, parse  # noqa: F401,E402
 from .families.bmm.ops import bmm  # noqa: F401,E402
 from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,E402
 from .families.conv2d_activation.ops import conv2d_activation  # noqa: F401,E402
+from .families.conv2d_activation.ops_int8 import conv2d_int8_activation, quantize_conv_weight  # noqa: F401,E402
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .families.scaled_mm.act_quant import scaled_mm_act_quant  # noqa: F401,E402
 from .families.scaled_mm.residual import scaled_mm_residual  # noqa: F401,E402

@@ -90,6 +90,8 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=1000)
     ap.add_argument("--channels", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--with-op", action="store_true",
+                    help="also time oasr.conv2d_int8_activation on each of its tiles (the served kernels)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     probes = [Probe(p) for p in sorted(Path(a.lib_dir).glob("probe_*.so"))]
@@ -117,6 +119,15 @@ def main() -> int:
     for pr in probes:
         if pr.lib.probe_can_implement(*geo) == 0:
             arms[f"int8_{pr.name}"] = (lambda pr_: lambda _i=0: pr_.call(x, w, bias, out, geo, alpha))(pr)
+    if a.with_op:  # the served op (its kernels' epilogue: per-channel scale_w, per-tensor scale_x on the device)
+        import oasr_ops
+        from oasr_ops.families.conv2d_activation.lanes import SM90_INT8_CONV2D
+
+        sx = torch.tensor([alpha], device="cuda")
+        sw = torch.ones(c, device="cuda")
+        for tile in SM90_INT8_CONV2D.ids():
+            arms[f"op_{tile}"] = (lambda t: lambda _i=0: oasr_ops.conv2d_int8_activation(
+                x, w, sx, sw, bias, stride=2, activation="relu", config=t))(tile)
     us, times = time_alternating(arms, a.rounds)
     flops = 2 * a.batch * p * q * c * 9 * c
     base = us["cudnn_fp16_conv"]

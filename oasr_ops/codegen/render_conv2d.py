@@ -25,16 +25,24 @@ _SM90_SCHEDULES = {  # config schedule -> (CUTLASS conv kernel schedule, epilogu
 }
 _ELEMENT_DIRECT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 _ELEMENT_CUTLASS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+# int8 variants (op conv2d_int8_activation): int8 operands, the output's element named after the underscore; 3.x
+# configs only (the sm90 implicit GEMM), with its own launcher `oasr_conv2d_int8_run`
+INT8_VARIANTS = {"int8_fp16": "fp16", "int8_bf16": "bf16"}
 
 
 def render_conv2d(lane: Lane, config: Config, dtype: str, env) -> str:
     """One conv2d kernel. Raises ValueError for a config outside the lane or a bad dtype."""
-    if dtype not in _ELEMENT_DIRECT:
-        raise ValueError(f"conv2d dtype must be one of {tuple(_ELEMENT_DIRECT)}, got {dtype!r}")
+    int8 = dtype in INT8_VARIANTS
+    if dtype not in _ELEMENT_DIRECT and not int8:
+        raise ValueError(f"conv2d dtype must be one of {(*_ELEMENT_DIRECT, *INT8_VARIANTS)}, got {dtype!r}")
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
+    if int8 and not (config.generation == "3x" and config.kernel_schedule in _SM90_SCHEDULES):
+        raise ValueError(f"conv2d variant {dtype} needs an sm90 implicit-GEMM (t..._ws) config, got {config.id}")
     common = dict(lane=lane.name, config_id=config.id, dtype=dtype, abi_version=ABI_VERSION,
-                  conv2d_abi_version=CONV2D_ABI_VERSION)
+                  conv2d_abi_version=CONV2D_ABI_VERSION, int8=int8)
+    if int8:
+        dtype = INT8_VARIANTS[dtype]  # the output's element from here on
     if config.generation == "dc":
         p, tc, _ = config.tile
         groups = tc // config.alignment

@@ -18,6 +18,7 @@ from . import rewrite as _rewrite
 from .kernels import prebuild_specs
 from .lanes import LANES
 from .ops import conv2d_activation  # noqa: F401  (the family's Python API)
+from .ops_int8 import conv2d_int8_activation, quantize_conv_weight  # noqa: F401  (the int8 op, not served yet)
 
 FAMILY = registry.register(registry.FamilySpec(
     name="conv2d_activation",

@@ -37,7 +37,19 @@ def load_kernel(spec: JitSpec) -> KernelLibrary:
                          _SHAPE_NAMES)
 
 
+def load_int8_kernel(spec: JitSpec) -> KernelLibrary:
+    """The int8 variants' launcher: ``oasr_conv2d_int8_run(x, w, scale_x, scale_w, bias, y, B, H, W, Cin, Cout, KH,
+    KW, sh, sw, ph, pw, act, workspace, workspace_bytes, stream)``; ``oasr_conv2d_int8_can_implement`` /
+    ``_workspace_size`` take the 12 ints, as the fp16 launcher's."""
+    p, i = ctypes.c_void_p, ctypes.c_int
+    shape = [i] * 12
+    return load_launcher(spec, "conv2d_int8", CONV2D_ABI_VERSION, [p, p, p, p, p, p, *shape, p, ctypes.c_size_t, p],
+                         shape, ["x", "w", "scale_x", "scale_w", "bias", "y", *_SHAPE_NAMES, "workspace",
+                                 "workspace_bytes", "stream"], _SHAPE_NAMES)
+
+
 def get_kernel(lane: Lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one conv2d kernel. Raises BuildError / LoadError (remembered)."""
+    load = load_int8_kernel if dtype.startswith("int8") else load_kernel
     return _KERNELS.get((lane.name, config.id, dtype, arch),
-                        lambda: load_kernel(JitSpec.for_kernel(lane, config, dtype, arch)))
+                        lambda: load(JitSpec.for_kernel(lane, config, dtype, arch)))

@@ -77,3 +77,28 @@ SM90_F16_CONV2D = Lane(
 )
 
 LANES = (SM90_F16_CONV2D, SM80_F16_CONV2D)
+
+# The int8 implicit-GEMM conv (op `conv2d_int8_activation`, ops_int8.py): the 3.x template's int8 variants
+# (`int8_fp16`, `int8_bf16`) with a K tile of 128 int8 (128 bytes, as the fp16 tiles' 64 halves). Not in `LANES`:
+# nothing tunes, prebuilds or serves it through the DB yet; the op loads these kernels itself. The tiles are the
+# ones benchmarks/conv2d_int8_probe measured at the Conformer's second frontend conv (docs/perf/conv.md, session 9:
+# 64x256 1.68x cuDNN's fp16 conv, 128x128 2x1 1.59x, 128x128 1.57x, 64x128 1.49x; 128x256 spills).
+_INT8_3X = (
+    "t64x256x128_c1x1_ws",   # the default: fastest of the probe at the Conformer M shape
+    "t128x128x128_c2x1_ws",
+    "t128x128x128_c1x1_ws",
+    "t64x128x128_c1x1_ws",
+)
+SM90_INT8_CONV2D = Lane(
+    name="sm90_int8_conv2d",
+    family="conv2d_activation",
+    template=SM90_FPROP_TEMPLATE,
+    cuda_arch="90a",
+    arch_families=("sm90",),
+    native_for=(),
+    space=tuple(parse(i) for i in _INT8_3X),
+    default=parse(_INT8_3X[0]),
+    coverage_basis=(parse(_INT8_3X[0]),),
+    smem_bytes=_SMEM,
+    operand_bytes=1,
+)
