@@ -70,8 +70,7 @@ def db_op(kh: int, kw: int, stride: tuple[int, int]) -> str:
     return "conv2d"
 
 
-def _pair(v, label: str) -> tuple[int, int]:
-    name = f"oasr.{OP}"
+def _pair(v, label: str, name: str = f"oasr.{OP}") -> tuple[int, int]:
     if isinstance(v, int):
         v = (v, v)
     try:
@@ -92,13 +91,7 @@ def check(x, w, bias, stride, padding, activation) -> tuple[int, int]:
         raise ValueError(f"{name}: activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
     if x.dtype not in DTYPES:
         raise ValueError(f"{name}: x has dtype {x.dtype}; supported: float16, bfloat16")
-    if x.dim() != 4:
-        raise ValueError(f"{name}: x must be 4-D NHWC [B, H, W, Cin], got {tuple(x.shape)}")
-    if w.dim() != 4:
-        raise ValueError(f"{name}: w must be 4-D KRSC [Cout, KH, KW, Cin], got {tuple(w.shape)}")
-    if w.shape[3] != x.shape[3]:
-        raise ValueError(f"{name}: w {tuple(w.shape)} has {w.shape[3]} input channels (last dim, KRSC), "
-                         f"x {tuple(x.shape)} has {x.shape[3]} (last dim, NHWC)")
+    check_layouts(name, x, w)
     for label, t in (("w", w), ("bias", bias)):
         if t is None:
             continue
@@ -108,8 +101,24 @@ def check(x, w, bias, stride, padding, activation) -> tuple[int, int]:
             raise ValueError(f"{name}: {label} is on device {t.device}, x on {x.device}")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
         raise ValueError(f"{name}: bias must be [Cout] = [{w.shape[0]}], got {tuple(bias.shape)}")
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
+    return check_geometry(name, x, w, stride, padding)
+
+
+def check_layouts(name: str, x, w) -> None:
+    """x 4-D NHWC and w 4-D KRSC with the same input channels (ValueError naming the problem)."""
+    if x.dim() != 4:
+        raise ValueError(f"{name}: x must be 4-D NHWC [B, H, W, Cin], got {tuple(x.shape)}")
+    if w.dim() != 4:
+        raise ValueError(f"{name}: w must be 4-D KRSC [Cout, KH, KW, Cin], got {tuple(w.shape)}")
+    if w.shape[3] != x.shape[3]:
+        raise ValueError(f"{name}: w {tuple(w.shape)} has {w.shape[3]} input channels (last dim, KRSC), "
+                         f"x {tuple(x.shape)} has {x.shape[3]} (last dim, NHWC)")
+
+
+def check_geometry(name: str, x, w, stride, padding) -> tuple[int, int]:
+    """Stride and padding valid and an output of at least 1x1 (ValueError naming the problem); returns (Ho, Wo)."""
+    sh, sw = _pair(stride, "stride", name)
+    ph, pw = _pair(padding, "padding", name)
     if sh < 1 or sw < 1:
         raise ValueError(f"{name}: stride must be positive, got {(sh, sw)}")
     if ph < 0 or pw < 0:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..autograd import inference_only
 from ...runtime.plans import WarnOnce
 from .lanes import SM90_INT8_CONV2D
-from .ops import ACTIVATIONS, _activate, _pair, out_extent
+from .ops import ACTIVATIONS, _activate, _pair, check_geometry, check_layouts
 
 OP = "conv2d_int8_activation"
 OUT_DTYPES = {torch.float16: "int8_fp16", torch.bfloat16: "int8_bf16"}  # out dtype -> kernel variant
@@ -54,13 +54,7 @@ def check(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype) 
         raise ValueError(f"{name}: out_dtype must be float16 or bfloat16, got {out_dtype}")
     if x.dtype != torch.int8 or w.dtype != torch.int8:
         raise ValueError(f"{name}: x and w must be int8, got {x.dtype} and {w.dtype}")
-    if x.dim() != 4:
-        raise ValueError(f"{name}: x must be 4-D NHWC [B, H, W, Cin], got {tuple(x.shape)}")
-    if w.dim() != 4:
-        raise ValueError(f"{name}: w must be 4-D KRSC [Cout, KH, KW, Cin], got {tuple(w.shape)}")
-    if w.shape[3] != x.shape[3]:
-        raise ValueError(f"{name}: w {tuple(w.shape)} has {w.shape[3]} input channels (last dim, KRSC), "
-                         f"x {tuple(x.shape)} has {x.shape[3]} (last dim, NHWC)")
+    check_layouts(name, x, w)
     cout = w.shape[0]
     if scale_x.dtype != torch.float32 or tuple(scale_x.shape) != (1,):
         raise ValueError(f"{name}: scale_x must be float32 [1] (per tensor), got {scale_x.dtype} "
@@ -74,18 +68,7 @@ def check(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype) 
     for label, t in (("w", w), ("scale_x", scale_x), ("scale_w", scale_w), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name}: {label} is on device {t.device}, x on {x.device}")
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"{name}: stride must be positive, got {(sh, sw)}")
-    if ph < 0 or pw < 0:
-        raise ValueError(f"{name}: padding must be >= 0, got {(ph, pw)}")
-    ho = out_extent(x.shape[1], w.shape[1], sh, ph)
-    wo = out_extent(x.shape[2], w.shape[2], sw, pw)
-    if ho < 1 or wo < 1:
-        raise ValueError(f"{name}: x {tuple(x.shape)} is smaller than the {w.shape[1]}x{w.shape[2]} filter "
-                         f"with padding {(ph, pw)} (output {ho}x{wo})")
-    return ho, wo
+    return check_geometry(name, x, w, stride, padding)
 
 
 def check_config_arg(config: str) -> None:
@@ -166,7 +149,7 @@ def _kernel_plan(cfg_id: str, variant: str, shape: tuple, device: torch.device):
 def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, config):
     ho, wo = check(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype)
     check_config_arg(config)
-    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    (sh, sw), (ph, pw) = _pair(stride, "stride", f"oasr.{OP}"), _pair(padding, "padding", f"oasr.{OP}")
     out_shape = (int(x.shape[0]), ho, wo, int(w.shape[0]))
     if x.numel() == 0:
         return torch.empty(out_shape, dtype=out_dtype, device=x.device)
@@ -212,5 +195,5 @@ def conv2d_int8_activation(x: torch.Tensor, w: torch.Tensor, scale_x: torch.Tens
                            out_dtype: torch.dtype = torch.float16, config: str = "auto") -> torch.Tensor:
     """NHWC int8 conv + scales + bias + activation with an int8 KRSC filter (module docstring)."""
     return torch.ops.oasr.conv2d_int8_activation.default(
-        x, w, scale_x, scale_w, bias, list(_pair(stride, "stride")), list(_pair(padding, "padding")), activation,
-        out_dtype, config)
+        x, w, scale_x, scale_w, bias, list(_pair(stride, "stride", f"oasr.{OP}")),
+        list(_pair(padding, "padding", f"oasr.{OP}")), activation, out_dtype, config)
