@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 
 from ...codegen.jit import JitSpec, KernelCache, KernelLibrary, load_launcher
-from ...codegen.render_conv2d import CONV2D_ABI_VERSION
+from ...codegen.render_conv2d import CONV2D_ABI_VERSION, INT8_VARIANTS
 from ...configs import Config, Lane
 from ...runtime.production import prebuild_choice
 
@@ -50,6 +50,6 @@ def load_int8_kernel(spec: JitSpec) -> KernelLibrary:
 
 def get_kernel(lane: Lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one conv2d kernel. Raises BuildError / LoadError (remembered)."""
-    load = load_int8_kernel if dtype.startswith("int8") else load_kernel
+    load = load_int8_kernel if dtype in INT8_VARIANTS else load_kernel
     return _KERNELS.get((lane.name, config.id, dtype, arch),
                         lambda: load(JitSpec.for_kernel(lane, config, dtype, arch)))

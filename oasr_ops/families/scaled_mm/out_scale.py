@@ -37,10 +37,10 @@ def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: 
         return
     # the cache key (module docstring): a view's base with the base's version, else the storage with the tensor's
     # own version (a plain tensor's in-place changes bump it; a compiled graph's alias is always at 0)
-    base = out_scale._base if out_scale._base is not None else out_scale.untyped_storage()
+    owner = out_scale._base if out_scale._base is not None else out_scale
+    base = owner if owner is not out_scale else out_scale.untyped_storage()
     try:
-        version = (out_scale._base if out_scale._base is not None else out_scale)._version
-        view = (out_scale.data_ptr(), out_scale.numel())
+        version, view = owner._version, (out_scale.data_ptr(), out_scale.numel())
     except RuntimeError:  # an inference-mode tensor has no version counter: check it every time
         version, view = None, None
     if version is not None:
