@@ -24,8 +24,6 @@ warning, where no kernel can (another GPU, Cin % 16, an unaligned view). Not ser
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -117,71 +115,54 @@ def _fake(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, 
 # CUDA
 
 _warn = WarnOnce()
+_KERNEL_PLANS: dict = {}  # (config id, variant, shape, device) -> (launcher, workspace bytes) or None
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What one input signature resolves to, once (`_make_plan`): the checked geometry and the kernel, or None where
-    the reference formula serves (``torch``, no kernel for this GPU or shape)."""
-
-    out_shape: tuple[int, int, int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    shape: tuple[int, ...]  # the launcher's 12 ints
-    kernel: object | None
-    workspace_bytes: int = 0
-    config_id: str = ""  # the tile the kernel is, for error messages
-
-
-_PLANS: dict = {}  # the call's signature (`_cuda`'s key) -> _Plan
-
-
-def _make_plan(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, config) -> _Plan:
+def _kernel_plan(cfg_id: str, variant: str, shape: tuple, device: torch.device):
     from ...codegen.jit import BuildError, LoadError
     from ...runtime.arch import current_arch_family
     from .kernels import get_kernel
 
+    key = (cfg_id, variant, shape, device)
+    if key in _KERNEL_PLANS:
+        return _KERNEL_PLANS[key]
+    plan = None
+    arch = current_arch_family()
+    if arch not in SM90_INT8_CONV2D.arch_families:
+        _warn(f"oasr.{OP}: no int8 conv kernel runs on {arch}; the reference formula (float64 conv) serves it")
+    else:
+        try:
+            kern = get_kernel(SM90_INT8_CONV2D, SM90_INT8_CONV2D.get(cfg_id), variant, arch)
+        except (BuildError, LoadError) as e:
+            _warn(f"oasr.{OP}: kernel {cfg_id} ({variant}) unavailable, using the reference formula: {e}")
+        else:
+            status = kern.can_implement(*shape)
+            if status != 0:
+                _warn(f"oasr.{OP}: {cfg_id} rejects x/w {shape[:7]} (Cin must be a multiple of 16, Cout of 8; "
+                      f"status {status}); using the reference formula")
+            else:
+                plan = (kern, int(kern.workspace_size(*shape)))
+    _KERNEL_PLANS[key] = plan
+    return plan
+
+
+def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, config):
     ho, wo = check(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype)
     check_config_arg(config)
     (sh, sw), (ph, pw) = _pair(stride, "stride", f"oasr.{OP}"), _pair(padding, "padding", f"oasr.{OP}")
     out_shape = (int(x.shape[0]), ho, wo, int(w.shape[0]))
+    if x.numel() == 0:
+        return torch.empty(out_shape, dtype=out_dtype, device=x.device)
+    reference = lambda: reference_conv2d_int8(x, w, scale_x, scale_w, bias, (sh, sw), (ph, pw), activation,  # noqa
+                                              out_dtype)
+    if config == "torch":
+        return reference()
+    cfg_id = SM90_INT8_CONV2D.default.id if config == "auto" else config
     shape = (out_shape[0], int(x.shape[1]), int(x.shape[2]), int(x.shape[3]), out_shape[3], int(w.shape[1]),
              int(w.shape[2]), sh, sw, ph, pw, ACTIVATIONS[activation])
-    plan = _Plan(out_shape, (sh, sw), (ph, pw), shape, None)
-    if x.numel() == 0 or config == "torch":
-        return plan
-    cfg_id = SM90_INT8_CONV2D.default.id if config == "auto" else config
-    variant = OUT_DTYPES[out_dtype]
-    arch = current_arch_family()
-    if arch not in SM90_INT8_CONV2D.arch_families:
-        _warn(f"oasr.{OP}: no int8 conv kernel runs on {arch}; the reference formula (float64 conv) serves it")
-        return plan
-    try:
-        kern = get_kernel(SM90_INT8_CONV2D, SM90_INT8_CONV2D.get(cfg_id), variant, arch)
-    except (BuildError, LoadError) as e:
-        _warn(f"oasr.{OP}: kernel {cfg_id} ({variant}) unavailable, using the reference formula: {e}")
-        return plan
-    status = kern.can_implement(*shape)
-    if status != 0:
-        _warn(f"oasr.{OP}: {cfg_id} rejects x/w {shape[:7]} (Cin must be a multiple of 16, Cout of 8; "
-              f"status {status}); using the reference formula")
-        return plan
-    return _Plan(out_shape, (sh, sw), (ph, pw), shape, kern, int(kern.workspace_size(*shape)), cfg_id)
-
-
-def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, config):
-    # checked and resolved once per signature: everything `check` and the kernel choice read is in the key
-    key = (config, activation, out_dtype, tuple(stride), tuple(padding), x.device, x.dtype, x.shape, w.dtype,
-           w.shape, w.device, scale_x.dtype, scale_x.shape, scale_x.device, scale_w.dtype, scale_w.shape,
-           scale_w.device, None if bias is None else (bias.dtype, bias.shape, bias.device))
-    plan = _PLANS.get(key)
+    plan = _kernel_plan(cfg_id, OUT_DTYPES[out_dtype], shape, x.device)
     if plan is None:
-        plan = _PLANS[key] = _make_plan(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype,
-                                        config)
-    if x.numel() == 0:
-        return torch.empty(plan.out_shape, dtype=out_dtype, device=x.device)
-    if plan.kernel is None:
-        return reference_conv2d_int8(x, w, scale_x, scale_w, bias, plan.stride, plan.padding, activation, out_dtype)
+        return reference()
     x = x if x.is_contiguous() else x.contiguous()
     w = w if w.is_contiguous() else w.contiguous()
     scale_w = scale_w if scale_w.is_contiguous() else scale_w.contiguous()
@@ -189,16 +170,16 @@ def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, 
         bias = bias.contiguous()
     if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16 or scale_w.data_ptr() % 4:
         _warn(f"oasr.{OP}: an operand is not 16-byte aligned (a view at an odd offset); using the reference formula")
-        return reference_conv2d_int8(x, w, scale_x, scale_w, bias, plan.stride, plan.padding, activation, out_dtype)
-    kern, ws_bytes, shape, out_shape = plan.kernel, plan.workspace_bytes, plan.shape, plan.out_shape
+        return reference()
+    kern, ws_bytes = plan
     out = torch.empty(out_shape, dtype=out_dtype, device=x.device)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
     rc = kern.run(x.data_ptr(), w.data_ptr(), scale_x.data_ptr(), scale_w.data_ptr(),
                   None if bias is None else bias.data_ptr(), out.data_ptr(), *shape,
                   None if ws is None else ws.data_ptr(), ws_bytes, torch._C._cuda_getCurrentRawStream(x.get_device()))
     if rc != 0:
-        raise RuntimeError(f"oasr.{OP}: kernel {plan.config_id} failed with status {rc} on x={tuple(x.shape)} "
-                           f"w={tuple(w.shape)} stride={plan.stride} padding={plan.padding}")
+        raise RuntimeError(f"oasr.{OP}: kernel {cfg_id} failed with status {rc} on x={tuple(x.shape)} "
+                           f"w={tuple(w.shape)} stride={(sh, sw)} padding={(ph, pw)}")
     return out
 
 
