@@ -180,6 +180,10 @@ def main() -> int:
                         "torch._inductor.config.freezing (weights as constants: per-call weight transforms — the "
                         "sibling pass's weight concatenation, bias casts, conv weight permutes, BatchNorm folds — "
                         "run once at compile time instead of every call)")
+    p.add_argument("--with-fp16-convs", action="store_true",
+                   help="also time int8-fused-act-res-fp16conv: int8-fused-act-res with the frontend's convs left "
+                        "fp16 (Int8W8A8Config(convs=False): the int8 layers before session 10), to measure what the "
+                        "int8 second conv and the first conv's int8 output add")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -239,8 +243,9 @@ def main() -> int:
     scales = oasr_ops.calibrate(qmodel, calib)
     n_int8 = sum(isinstance(m, oasr_ops.Fp8QuantLinear if fp8 else oasr_ops.QuantLinear) for m in qmodel.modules())
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    print(f"int8 layers: {n_int8} of {n_lin} linears; {len(scales)} calibrated ({time.perf_counter() - t0:.1f}s)",
-          flush=True)
+    n_conv = sum(isinstance(m, oasr_ops.QuantConv2d) for m in qmodel.modules())
+    print(f"int8 layers: {n_int8} of {n_lin} linears, {n_conv} conv2d; {len(scales)} calibrated "
+          f"({time.perf_counter() - t0:.1f}s)", flush=True)
     variants = {"fp16": (copy.deepcopy(model), "inductor", {}),
                 "int8-fused": (qmodel, oasr_backend, {"fuse_quantization": True, "fuse_residual": False})}
     if a.with_fp16_oasr:
@@ -265,6 +270,11 @@ def main() -> int:
         variants["int8-fused-sib-frz"] = (copy.deepcopy(qmodel), oasr_backend,
                                           {"fuse_quantization": True, "fuse_residual": True, "fuse_siblings": True,
                                            FREEZE: True})
+    if a.with_fp16_convs and not fp8:
+        noconv = oasr_ops.quantize_(copy.deepcopy(model), oasr_ops.Int8W8A8Config(convs=False), filter_fn=flt)
+        oasr_ops.calibrate(noconv, calib)
+        variants["int8-fused-act-res-fp16conv"] = (noconv, oasr_backend,
+                                                   {"fuse_quantization": "act", "fuse_residual": True})
     if a.with_all_res:
         # every qualifying Linear int8 (the attention out-projection too: its residual add rides in its epilogue,
         # its input quantization is a separate pass), calibrated, LayerNorms + fc1 fused, residuals fused
@@ -297,7 +307,7 @@ def main() -> int:
     fns, res = {}, {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "model": a.model, "model_args": margs, "inputs": iargs,
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
-                    "quantization": a.quantization, "recursive_dict_tags": a.recursive_dict_tags,
+                    "quantization": a.quantization, "recursive_dict_tags": a.recursive_dict_tags, "int8_conv2d": n_conv,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
@@ -323,6 +333,7 @@ def main() -> int:
                 res.setdefault("fusion", {})[name] = {
                     "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
                     "act_quant": sum(r.act_quant for r in reps),
+                    "conv_quant": sum(r.conv_quant for r in reps), "conv_act": sum(r.conv_act for r in reps),
                     "unfused": [u for r in reps for u in r.unfused][:20]}
             if residual_log()[before_res:]:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
                 rr = residual_log()[before_res:]

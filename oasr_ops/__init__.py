@@ -11,6 +11,7 @@ from .families.bmm.ops import bmm  # noqa: F401,E402
 from .families.conv1d.ops import conv1d_depthwise, fold_batchnorm  # noqa: F401,E402
 from .families.conv2d_activation.ops import conv2d_activation  # noqa: F401,E402
 from .families.conv2d_activation.ops_int8 import conv2d_int8_activation, quantize_conv_weight  # noqa: F401,E402
+from .families.conv2d_activation.ops_quant import conv2d_activation_quant  # noqa: F401,E402
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .families.scaled_mm.act_quant import scaled_mm_act_quant  # noqa: F401,E402
 from .families.scaled_mm.residual import scaled_mm_residual  # noqa: F401,E402
@@ -19,8 +20,8 @@ from .families.layer_norm_quant.ops import layer_norm_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.ops import quantize_fp8, scaled_mm_fp8, scaled_mm_fp8_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.act_quant import scaled_mm_fp8_act_quant  # noqa: F401,E402
 from .inductor.fuse_quant import fusable_filter  # noqa: F401,E402
-from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantLinear,  # noqa: F401,E402
-                       quantization_report, quantize_)
+from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantConv2d,  # noqa: F401,E402
+                       QuantLinear, quantization_report, quantize_)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 from .tune.autotune import autotune  # noqa: F401,E402
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from .families.conv2d_activation.quantize import QuantConv2d, quantize_convs  # noqa: F401  (public names)
 from .families.scaled_mm.qconfig import SCHEMES as _SCHEME_TYPES
 from .families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_module,  # noqa: F401  (public names)
@@ -58,8 +59,10 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
 
 @register_quantize_handler(Int8W8A8Config)
 def _int8_w8a8(model: nn.Module, cfg: Int8W8A8Config, filter_fn: FilterFn | None) -> nn.Module:
-    """Every qualifying `nn.Linear` of `model` (the model itself included) becomes a `QuantLinear`."""
-    return quantize_module(model, cfg.kernel, filter_fn)
+    """Every qualifying `nn.Linear` of `model` (the model itself included) becomes a `QuantLinear`, and with
+    ``cfg.convs`` every qualifying `nn.Conv2d` a `QuantConv2d`."""
+    model = quantize_module(model, cfg.kernel, filter_fn)
+    return quantize_convs(model, filter_fn) if cfg.convs else model
 
 
 @register_quantize_handler(Fp8W8A8Config)

@@ -36,8 +36,11 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     # no DB: the lane default, coverage basis and every heuristic tile; fp16 and, data-parallel, fp8 output
     assert {s.dtype for s in fp8} == {"fp16", "fp8"}
     assert all(s.config.kernel_schedule != "streamk" for s in fp8 if s.dtype == "fp8")
-    # no DB: the conv2d lane's default (direct conv) and coverage basis (a CUTLASS implicit GEMM)
-    assert {(s.lane.name, s.config.generation) for s in conv2d} == {("sm90_f16_conv2d", "dc"), ("sm90_f16_conv2d", "3x")}
+    # no DB: the conv2d lane's default (direct conv) and coverage basis (a CUTLASS implicit GEMM), and the int8
+    # frontend's kernels: the direct default's int8-output variant and the int8 conv lane's default tile
+    assert {(s.lane.name, s.config.generation, s.dtype) for s in conv2d} == {
+        ("sm90_f16_conv2d", "dc", "fp16"), ("sm90_f16_conv2d", "3x", "fp16"), ("sm90_f16_conv2d", "dc", "fp16_q8"),
+        ("sm90_int8_conv2d", "3x", "int8_fp16")}
     assert len(both) == len(gemm) + len(smm) + len(bmm) + len(conv) + len(fp8) + len(conv2d)
     assert {s.config for s in gemm if s.lane is sm90} == expected == {sm90.default, *sm90.coverage_basis}
     assert all(s.config.kernel_schedule != "streamk" for s in smm if s.dtype == "int8")

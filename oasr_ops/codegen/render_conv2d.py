@@ -28,21 +28,29 @@ _ELEMENT_CUTLASS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 # int8 variants (op conv2d_int8_activation): int8 operands, the output's element named after the underscore; 3.x
 # configs only (the sm90 implicit GEMM), with its own launcher `oasr_conv2d_int8_run`
 INT8_VARIANTS = {"int8_fp16": "fp16", "int8_bf16": "bf16"}
+# quantizing variants (op conv2d_activation_quant): operands of the element before the underscore, an int8 output
+# (act(y) / out_scale, per tensor); direct (dc...) configs only, with their own launcher `oasr_conv2d_quant_run`
+QUANT_VARIANTS = {"fp16_q8": "fp16", "bf16_q8": "bf16"}
 
 
 def render_conv2d(lane: Lane, config: Config, dtype: str, env) -> str:
     """One conv2d kernel. Raises ValueError for a config outside the lane or a bad dtype."""
-    int8 = dtype in INT8_VARIANTS
-    if dtype not in _ELEMENT_DIRECT and not int8:
-        raise ValueError(f"conv2d dtype must be one of {(*_ELEMENT_DIRECT, *INT8_VARIANTS)}, got {dtype!r}")
+    int8, quant_out = dtype in INT8_VARIANTS, dtype in QUANT_VARIANTS
+    if dtype not in _ELEMENT_DIRECT and not int8 and not quant_out:
+        raise ValueError(f"conv2d dtype must be one of {(*_ELEMENT_DIRECT, *INT8_VARIANTS, *QUANT_VARIANTS)}, "
+                         f"got {dtype!r}")
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if int8 and not (config.generation == "3x" and config.kernel_schedule in _SM90_SCHEDULES):
         raise ValueError(f"conv2d variant {dtype} needs an sm90 implicit-GEMM (t..._ws) config, got {config.id}")
+    if quant_out and config.generation != "dc":
+        raise ValueError(f"conv2d variant {dtype} needs a direct (dc...) config, got {config.id}")
     common = dict(lane=lane.name, config_id=config.id, dtype=dtype, abi_version=ABI_VERSION,
-                  conv2d_abi_version=CONV2D_ABI_VERSION, int8=int8)
+                  conv2d_abi_version=CONV2D_ABI_VERSION, int8=int8, quant_out=quant_out)
     if int8:
         dtype = INT8_VARIANTS[dtype]  # the output's element from here on
+    if quant_out:
+        dtype = QUANT_VARIANTS[dtype]  # the operands' element from here on
     if config.generation == "dc":
         p, tc, _ = config.tile
         groups = tc // config.alignment

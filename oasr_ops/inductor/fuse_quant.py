@@ -15,6 +15,9 @@ oasr.quantize_per_token[_calibrated] -> getitem -> oasr.scaled_mm``; both fp8 pa
    ``scaled_mm_fp8 -> gelu|silu -> quantize_per_token_fp8_calibrated(., s)`` becomes
    ``oasr.scaled_mm_fp8_act_quant`` (e4m3 hidden, fc2's ``scaled_mm_fp8`` reads it with ``scale_a = s``).
 
+3. Conv -> activation -> quantize (int8 `QuantConv2d`): the frontend's first conv writes the second's int8 input
+   (``oasr.conv2d_activation_quant``), and the int8 conv takes its ReLU (`fuse_conv_quant`).
+
 fp8 graphs get both rewrites too: the LayerNorm becomes ``oasr.layer_norm_quant(..., scheme="fp8")`` (e4m3 rows,
 scale amax / 448, what ``quantize_per_token_fp8`` computes) when every quantization it feeds is an fp8 one; a
 LayerNorm feeding both schemes stays as it is (reported in ``unfused``).
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
 from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
                              _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
                              fusable_linears, restore_rows, through_views)
@@ -50,6 +54,8 @@ class FuseReport:
     layer_norm_quant: int = 0   # LayerNorms served by oasr.layer_norm_quant
     quant_consumers: int = 0    # quantizations those absorbed
     act_quant: int = 0          # GEMM -> activation -> quantization chains served by oasr.scaled_mm[_fp8]_act_quant
+    conv_quant: int = 0         # conv + activation -> per-tensor quantization served by oasr.conv2d_activation_quant
+    conv_act: int = 0           # activations folded into oasr.conv2d_int8_activation
     unfused: list[str] = field(default_factory=list)  # quantizations left as they were, and why
 
 
@@ -159,8 +165,13 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     rep = FuseReport()
     _LOG.append(rep)
     del _LOG[:-64]
+    rep.conv_quant, rep.conv_act = fuse_conv_quantization(gm)  # int8 convs (fuse_conv_quant.py)
     quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     if not quants:
+        if rep.conv_quant or rep.conv_act:
+            eliminate_dead_code(gm.graph)
+            gm.graph.lint()
+            gm.recompile()
         return rep
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
@@ -180,16 +191,18 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
 
 def fusable_filter(model: torch.nn.Module, *args, **kwargs):
     """A `quantize_` filter_fn selecting the layers of `model` whose quantization the fusion pass absorbs
-    (`fusable_linears`, without the calibration requirement: calibrate after `quantize_`). Traces `model(*args,
-    **kwargs)` once with Dynamo (no compilation)."""
-    names = {id(m.weight): fqn for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    (`fusable_linears`, without the calibration requirement: calibrate after `quantize_`; and the convs fed by a
+    direct-kernel conv + activation, `fuse_conv_quant.fusable_convs`). Traces `model(*args, **kwargs)` once with
+    Dynamo (no compilation)."""
+    names = {id(m.weight): fqn for fqn, m in model.named_modules()
+             if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
     found: set[str] = set()
 
     def capture(gm, example_inputs):
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
-        for lin in fusable_linears(gm, value_of, require_calibration=False):
-            fqn = names.get(id(value_of.get(lin.args[1])))
+        for node in fusable_linears(gm, value_of, require_calibration=False) + fusable_convs(gm):
+            fqn = names.get(id(value_of.get(node.args[1])))
             if fqn is not None:
                 found.add(fqn)
         return gm.forward

@@ -18,7 +18,9 @@ from . import rewrite as _rewrite
 from .kernels import prebuild_specs
 from .lanes import LANES
 from .ops import conv2d_activation  # noqa: F401  (the family's Python API)
-from .ops_int8 import conv2d_int8_activation, quantize_conv_weight  # noqa: F401  (the int8 op, not served yet)
+from .ops_int8 import conv2d_int8_activation, quantize_conv_weight  # noqa: F401  (the int8 conv op)
+from .ops_quant import conv2d_activation_quant  # noqa: F401  (registers the int8-output op)
+from .quantize import QuantConv2d  # noqa: F401  (registers oasr::quantize_per_tensor)
 
 FAMILY = registry.register(registry.FamilySpec(
     name="conv2d_activation",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 
 from ...codegen.jit import JitSpec, KernelCache, KernelLibrary, load_launcher
-from ...codegen.render_conv2d import CONV2D_ABI_VERSION, INT8_VARIANTS
+from ...codegen.render_conv2d import CONV2D_ABI_VERSION, INT8_VARIANTS, QUANT_VARIANTS
 from ...configs import Config, Lane
 from ...runtime.production import prebuild_choice
 
@@ -15,13 +15,24 @@ _SHAPE_NAMES = ["B", "H", "W", "Cin", "Cout", "KH", "KW", "stride_h", "stride_w"
 def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYPES,
                    configs: list[Config] | None = None) -> list[JitSpec]:
     """`oasr tune prebuild`'s conv2d set for `arch`: every chosen config (`configs`, else the production set, else
-    with `all_` the whole lane) x dtype."""
+    with `all_` the whole lane) x dtype, plus what an int8 frontend runs (`QuantConv2d` + the fusion pass) for each
+    fp16/bf16 dtype: the int8-output variant of every chosen direct config and, on sm90, the int8 conv lane's
+    default tile (its other tiles with `all_`; the lane is not the family's, so nothing else builds them)."""
     from ...runtime.registry import native_lane
+    from .lanes import SM90_INT8_CONV2D
 
     lane = native_lane(arch, "conv2d_activation")
     if lane is None:
         return []
-    return [JitSpec.for_kernel(lane, c, dt, arch) for c in prebuild_choice(lane, arch, all_, configs) for dt in dtypes]
+    chosen = prebuild_choice(lane, arch, all_, configs)
+    specs = [JitSpec.for_kernel(lane, c, dt, arch) for c in chosen for dt in dtypes]
+    int8_dtypes = [dt for dt in dtypes if f"{dt}_q8" in QUANT_VARIANTS]
+    specs += [JitSpec.for_kernel(lane, c, f"{dt}_q8", arch) for c in chosen if c.generation == "dc"
+              for dt in int8_dtypes]
+    if arch in SM90_INT8_CONV2D.arch_families and configs is None:
+        tiles = SM90_INT8_CONV2D.space if all_ else (SM90_INT8_CONV2D.default,)
+        specs += [JitSpec.for_kernel(SM90_INT8_CONV2D, c, f"int8_{dt}", arch) for c in tiles for dt in int8_dtypes]
+    return specs
 
 
 _KERNELS = KernelCache()
@@ -48,8 +59,21 @@ def load_int8_kernel(spec: JitSpec) -> KernelLibrary:
                                  "workspace_bytes", "stream"], _SHAPE_NAMES)
 
 
+def load_quant_kernel(spec: JitSpec) -> KernelLibrary:
+    """The quantizing variants' launcher: ``oasr_conv2d_quant_run(x, w, bias, out_scale, y, B, H, W, Cin, Cout, KH,
+    KW, sh, sw, ph, pw, act, workspace, workspace_bytes, stream)`` (y int8); ``oasr_conv2d_quant_can_implement`` /
+    ``_workspace_size`` take the 12 ints, as the fp16 launcher's."""
+    p, i = ctypes.c_void_p, ctypes.c_int
+    shape = [i] * 12
+    return load_launcher(spec, "conv2d_quant", CONV2D_ABI_VERSION, [p, p, p, p, p, *shape, p, ctypes.c_size_t, p],
+                         shape, ["x", "w", "bias", "out_scale", "y", *_SHAPE_NAMES, "workspace", "workspace_bytes",
+                                 "stream"], _SHAPE_NAMES)
+
+
 def get_kernel(lane: Lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
-    """Build (JIT, first use) and load one conv2d kernel. Raises BuildError / LoadError (remembered)."""
-    load = load_int8_kernel if dtype in INT8_VARIANTS else load_kernel
+    """Build (JIT, first use) and load one conv2d kernel (`dtype`: fp16 / bf16, or an int8 / quantizing variant of
+    render_conv2d, each with its own launcher). Raises BuildError / LoadError (remembered)."""
+    load = (load_int8_kernel if dtype in INT8_VARIANTS else load_quant_kernel if dtype in QUANT_VARIANTS
+            else load_kernel)
     return _KERNELS.get((lane.name, config.id, dtype, arch),
                         lambda: load(JitSpec.for_kernel(lane, config, dtype, arch)))

@@ -231,20 +231,29 @@ def signature(op: str, cout: int, k: int) -> str:
     return _database.signature(FAMILY, op, "half", cout, k)
 
 
-def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: str, out_shape):
+def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: str, out_shape, quant: bool = False):
+    """The launcher of `cfg` as ``run(x, w, bias)`` -> packed NHWC of x's dtype, or with `quant` (op
+    conv2d_activation_quant, direct configs only) ``run(x, w, bias, out_scale)`` -> int8; None (warned once) where
+    no kernel can serve."""
     from ...codegen.jit import BuildError, LoadError
     from .kernels import get_kernel
 
+    name = f"oasr.{'conv2d_activation_quant' if quant else OP}"
     lane = native_lane(arch)
     if lane is None:
-        _warn(f"oasr.{OP}: no conv2d kernel lane runs on {arch}; F.conv2d serves {cfg.id}")
+        _warn(f"{name}: no conv2d kernel lane runs on {arch}; F.conv2d serves {cfg.id}")
         return None
     if cfg not in lane.space:
-        raise ValueError(f"oasr.{OP}: config {cfg.id} is not in lane {lane.name}'s space {list(lane.ids())}")
+        raise ValueError(f"{name}: config {cfg.id} is not in lane {lane.name}'s space {list(lane.ids())}")
+    variant = DTYPES[x.dtype] + ("_q8" if quant else "")
+    if quant and cfg.generation != "dc":
+        _warn(f"{name}: {cfg.id} has no int8-output kernel (direct dc... configs only); F.conv2d then a separate "
+              "quantization serves it")
+        return None
     try:
-        kern = get_kernel(lane, cfg, DTYPES[x.dtype], arch)
+        kern = get_kernel(lane, cfg, variant, arch)
     except (BuildError, LoadError) as e:
-        _warn(f"oasr.{OP}: kernel {cfg.id} ({DTYPES[x.dtype]}) unavailable, using F.conv2d: {e}")
+        _warn(f"{name}: kernel {cfg.id} ({variant}) unavailable, using F.conv2d: {e}")
         return None
     bsz, h, wd, cin = (int(s) for s in x.shape)
     cout, kh, kw = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
@@ -252,12 +261,29 @@ def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: st
     shape = (bsz, h, wd, cin, cout, kh, kw, sh, sw, ph, pw, act)
     status = kern.can_implement(*shape)
     if status != 0:
-        _warn(f"oasr.{OP}: {cfg.id} rejects {sig} x={tuple(x.shape)} stride={tuple(stride)} (status {status}); "
+        _warn(f"{name}: {cfg.id} rejects {sig} x={tuple(x.shape)} stride={tuple(stride)} (status {status}); "
               "using F.conv2d")
         return None
     ws_bytes = int(kern.workspace_size(*shape))
     run_c = kern.run
     raw_stream = torch._C._cuda_getCurrentRawStream
+
+    if quant:
+        def run_quant(x, w, bias, out_scale):
+            x = x if x.is_contiguous() else x.contiguous()
+            w = w if w.is_contiguous() else w.contiguous()
+            if bias is not None and not bias.is_contiguous():
+                bias = bias.contiguous()
+            if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16:
+                return quantize_output(torch_conv2d(x, w, bias, stride, padding, _ACT_NAMES[act]), out_scale)
+            out = torch.empty(out_shape, dtype=torch.int8, device=x.device)
+            rc = run_c(x.data_ptr(), w.data_ptr(), None if bias is None else bias.data_ptr(), out_scale.data_ptr(),
+                       out.data_ptr(), *shape, None, 0, raw_stream(x.get_device()))  # direct kernels: no workspace
+            if rc != 0:
+                raise RuntimeError(f"{name}: kernel {cfg.id} failed with status {rc} on x={tuple(x.shape)} "
+                                   f"w={tuple(w.shape)} stride={tuple(stride)} padding={tuple(padding)}")
+            return out
+        return run_quant
 
     def run_kernel(x, w, bias):
         x = x if x.is_contiguous() else x.contiguous()
@@ -278,7 +304,15 @@ def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: st
     return run_kernel
 
 
-def _make_plan(config: str, x, w, stride, padding, activation: str, out_shape):
+def quantize_output(y: torch.Tensor, out_scale: torch.Tensor) -> torch.Tensor:
+    """``clamp(rint(y * (1 / out_scale)), -127, 127)`` as int8 (op conv2d_activation_quant's output rule; the
+    reciprocal in fp32, as the kernel computes it)."""
+    inv = torch.reciprocal(out_scale.float()).reshape(())
+    return torch.round(y.float() * inv).clamp_min(-127.0).clamp_max(127.0).to(torch.int8)
+
+
+def _make_plan(config: str, x, w, stride, padding, activation: str, out_shape, quant: bool = False):
+    """The plan of one call key; with `quant` its run takes and applies an out_scale (op conv2d_activation_quant)."""
     from ...runtime.arch import current_arch_family
     from ...runtime.select import serve_config
 
@@ -290,13 +324,15 @@ def _make_plan(config: str, x, w, stride, padding, activation: str, out_shape):
 
     def torch_run(sentinel):
         arm = fused_conv2d if sentinel == "fused" else torch_conv2d
+        if quant:
+            return lambda x, w, bias, s: quantize_output(arm(x, w, bias, stride, padding, activation), s)
         return lambda x, w, bias: arm(x, w, bias, stride, padding, activation)
 
     return make_plan(FAMILY, config, m, n, k, arch, sig, keep_sentinel=True,
                      select=lambda: serve_config(FAMILY, op, x.dtype, n, k, m, arch),
                      torch_run=torch_run,
                      kernel_run=lambda cfg: _kernel_run(cfg, x, w, stride, padding, ACTIVATIONS[activation], arch,
-                                                        sig, out_shape))
+                                                        sig, out_shape, quant))
 
 
 def _cuda(x, w, bias, stride, padding, activation, config):

@@ -36,7 +36,7 @@ import torch
 from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_param, known_contiguous, single_user,
                      static_int, users, val)
 from ..gemm.rewrite import PARAM_DERIVED
-from .ops import ACTIVATIONS, FAMILY, db_op, out_extent
+from .ops import ACTIVATIONS, FAMILY, db_op, out_extent, signature
 
 aten = torch.ops.aten
 
@@ -286,10 +286,42 @@ def _views_to_reshapes(start: torch.fx.Node) -> None:
                 todo.append(u)
 
 
+def _bake_quant(ctx: RewriteContext, node: torch.fx.Node) -> None:
+    """An ``oasr.conv2d_activation_quant`` site (the fusion pass's, inductor/fuse_conv_quant.py): its ``auto``
+    config baked from the same signature and rule as `conv2d_activation`'s, and the site recorded."""
+    x, w, b, stride, padding, activation, _scale, config = node.args[:8]
+    xv, wv = val(x), val(w)
+    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.dtype not in LOW_DTYPES:
+        ctx.skip(node, "conv2d_activation_quant operand without a known shape or dtype")
+        return
+    cout, kh, kw, cin = (int(s) for s in wv.shape)
+    st, pd = _ints(stride, 2), _ints(padding, 2)
+    if st is None or pd is None:
+        ctx.skip(node, f"stride {stride} / padding {padding} not two static ints")
+        return
+    m = xv.shape[0] * out_extent(xv.shape[1], kh, st[0], pd[0]) * out_extent(xv.shape[2], kw, st[1], pd[1])
+    op, dtype = db_op(kh, kw, st), LOW_DTYPES[xv.dtype]
+    tier = ""
+    if config == "auto":
+        config, tier, sig = ctx.choose(FAMILY, op, dtype, cout, cin * kh * kw, static_int(m))
+        node.args = (*node.args[:7], config, *node.args[8:])
+    else:
+        sig = signature(op, cout, cin * kh * kw)
+    ctx.record(sig, FAMILY, op, dtype, cout, cin * kh * kw, m, config=config, tier=tier, node=node.name,
+               activation=activation, bias=b is not None)
+
+
 def rewrite(ctx: RewriteContext) -> None:
-    """Every 2-D conv of `ctx.graph` this family serves -> the op (module docstring); then the flatten."""
+    """Every 2-D conv of `ctx.graph` this family serves -> the op (module docstring); the int8-output sites of the
+    quantization fusion baked; then the flatten (also after an int8 conv, whose output is NHWC too)."""
     ops: list[torch.fx.Node] = []
     for node in list(ctx.graph.nodes):
+        if is_call(node, torch.ops.oasr.conv2d_activation_quant.default):
+            _bake_quant(ctx, node)
+            continue
+        if is_call(node, torch.ops.oasr.conv2d_int8_activation.default):
+            ops.append(node)
+            continue
         if not is_call(node, aten.convolution.default):
             continue
         xv = val(node.args[0])

@@ -29,16 +29,23 @@ class Int8W8A8Config:
         pass moves into the producer: after a LayerNorm, or after GELU/SiLU of such a layer when calibrated —
         `oasr_ops.inductor.fuse_quant.fusable_linears`; the rest stay fp16, where int8 does not pay). For
         `quantize_`, the same choice is the filter `oasr_ops.fusable_filter(model, *example_inputs)`.
+      convs: whether `quantize_` also swaps the qualifying `nn.Conv2d` layers (groups 1, dilation 1, Cin % 16 == 0,
+        Cout % 8 == 0: a speech frontend's second conv) for `QuantConv2d` (int8 filter per output channel, input
+        per tensor; `oasr_ops.families.conv2d_activation.quantize`). Default True; `filter_fn` sees them too. The
+        in-graph quantization (``options={"quantization": ...}``) converts linears only.
     """
 
     kernel: str = "auto"
     layers: str = "all"
+    convs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
             raise ValueError(f"Int8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
         if self.layers not in ("all", "fusable"):
             raise ValueError(f"Int8W8A8Config.layers must be 'all' or 'fusable', got {self.layers!r}")
+        if not isinstance(self.convs, bool):
+            raise ValueError(f"Int8W8A8Config.convs must be True or False, got {self.convs!r}")
 
 
 # The string names of the older API -> their config type (constructed with its defaults). Other families add
