@@ -11,7 +11,8 @@ median of 15 replays, --rounds alternating rounds, median over rounds; random op
   conv1-int8out     oasr.conv2d_activation_quant, the same tile writing int8 with a static scale
   conv1-fp16+quant  conv1-fp16 then Inductor's fused per-tensor quantization (what an unfused QuantConv2d costs)
   conv2-fp16        oasr.conv2d_activation on conv1's fp16 output (auto: cuDNN's fused conv + bias + ReLU)
-  conv2-int8        oasr.conv2d_int8_activation on conv1's int8 output (auto: the lane default tile)
+  conv2-int8        oasr.conv2d_int8_activation on conv1's int8 output (auto: `ops_int8.untuned_tile`)
+  conv2-int8@TILE   (--int8-tiles) the same on each tile of the int8 conv lane
   frontend-fp16     conv1-fp16 -> conv2-fp16
   frontend-int8     conv1-int8out -> conv2-int8
 """
@@ -36,6 +37,9 @@ def main() -> int:
     p.add_argument("--mels", type=int, default=80)
     p.add_argument("--channels", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--int8-tiles", action="store_true",
+                   help="also time conv2-int8 on every tile of the int8 conv lane (conv2-int8@<tile>): the data "
+                        "behind `ops_int8.untuned_tile`")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -79,6 +83,12 @@ def main() -> int:
         "frontend-fp16": lambda i: conv2_fp16(i, conv1_fp16(i)),
         "frontend-int8": lambda i: conv2_int8(i, conv1_int8(i)),
     }
+    if a.int8_tiles:
+        from oasr_ops.families.conv2d_activation.lanes import SM90_INT8_CONV2D
+
+        for tile in SM90_INT8_CONV2D.ids():
+            arms[f"conv2-int8@{tile}"] = (lambda t: lambda _i: oasr_ops.conv2d_int8_activation(
+                hq, w2q, s1, sw2, b2, stride=2, activation="relu", config=t))(tile)
     # correctness of what is timed: the int8 frontend against the fp16 one (the same layer, int8 numerics)
     with torch.no_grad():
         ref = arms["frontend-fp16"](0).float()

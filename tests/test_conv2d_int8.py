@@ -129,3 +129,12 @@ def test_real_nvcc_build_of_an_int8_conv_kernel(monkeypatch, tmp_path):
     assert lib.oasr_conv2d_int8_can_implement(*shape) == 0
     assert lib.oasr_conv2d_int8_can_implement(2, 9, 11, 24, 16, 3, 3, 2, 2, 0, 0, 1) == 1  # Cin % 16
     assert lib.oasr_conv2d_run(*([None] * 4), *shape, None, 0, None) == 1  # the fp16 launcher refuses
+
+
+def test_untuned_tile_avoids_wasted_columns():
+    from oasr_ops.families.conv2d_activation.ops_int8 import untuned_tile
+
+    assert untuned_tile(512) == untuned_tile(256) == SM90_INT8_CONV2D.default.id  # 64 x 256 fills them
+    assert untuned_tile(384) == untuned_tile(128) == "t128x128x128_c1x1_ws"        # 256 wide would waste a third
+    assert untuned_tile(144) == SM90_INT8_CONV2D.default.id  # both waste 112 columns: the measured default
+    assert all(untuned_tile(c) in SM90_INT8_CONV2D.ids() for c in range(8, 1025, 8))

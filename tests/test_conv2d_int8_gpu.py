@@ -95,10 +95,14 @@ def test_tile_matches_the_reference(tile, shape, out_dtype):
         check_close(got, want, out_dtype)
 
 
-def test_auto_is_the_lane_default():
-    x, wq, sx, sw, bias = operands(SHAPES[1], torch.float16, seed=5)
+@pytest.mark.parametrize("cout,tile", [(512, LANE.default.id), (384, "t128x128x128_c1x1_ws")])
+def test_auto_is_the_untuned_tile(cout, tile):
+    from oasr_ops.families.conv2d_activation.ops_int8 import untuned_tile
+
+    assert untuned_tile(cout) == tile
+    x, wq, sx, sw, bias = operands((1, 37, 13, 512, cout, 2, 0), torch.float16, seed=5)
     a = oasr_ops.conv2d_int8_activation(x, wq, sx, sw, bias, stride=2, activation="relu")
-    d = oasr_ops.conv2d_int8_activation(x, wq, sx, sw, bias, stride=2, activation="relu", config=LANE.default.id)
+    d = oasr_ops.conv2d_int8_activation(x, wq, sx, sw, bias, stride=2, activation="relu", config=tile)
     assert torch.equal(a, d)
 
 

@@ -18,7 +18,7 @@ float64; the kernel may contract the last multiply and add into one FMA: within 
 
 Kernels (sm90): the `lanes.SM90_INT8_CONV2D` tiles, int8 variants of the family's CUTLASS 3.x implicit-GEMM template
 (TMA im2col, int8 wgmma, the scales and bias in the EVT epilogue). Cin must be a multiple of 16 (16-byte TMA
-accesses) and Cout of 8. ``config``: ``auto`` (the lane default on sm90; nothing tunes this op yet), a tile id of
+accesses) and Cout of 8. ``config``: ``auto`` (`untuned_tile`: nothing tunes this op yet), a tile id of
 that lane, or ``torch``: the reference formula on the device (float64 conv), which is also what runs, with one
 warning, where no kernel can (another GPU, Cin % 16, an unaligned view). Not served by any graph rewrite yet.
 """
@@ -69,6 +69,14 @@ def check(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype) 
         if t is not None and t.device != x.device:
             raise ValueError(f"{name}: {label} is on device {t.device}, x on {x.device}")
     return check_geometry(name, x, w, stride, padding)
+
+
+def untuned_tile(cout: int) -> str:
+    """``auto``'s tile: the lane default (64 x 256) where Cout fills its 256 columns as well as a 128-wide tile's,
+    else the 128 x 128 tile (Cout = 384: 64 x 256 computes 512 columns, a third of them wasted; docs/perf/conv.md,
+    session 10, measured both at Cout 384 and 512 on the H200)."""
+    waste = lambda n: -(-cout // n) * n - cout  # noqa: E731  (columns computed beyond Cout)
+    return SM90_INT8_CONV2D.default.id if waste(256) <= waste(128) else "t128x128x128_c1x1_ws"
 
 
 def check_config_arg(config: str) -> None:
@@ -157,7 +165,7 @@ def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, 
                                               out_dtype)
     if config == "torch":
         return reference()
-    cfg_id = SM90_INT8_CONV2D.default.id if config == "auto" else config
+    cfg_id = untuned_tile(out_shape[3]) if config == "auto" else config
     shape = (out_shape[0], int(x.shape[1]), int(x.shape[2]), int(x.shape[3]), out_shape[3], int(w.shape[1]),
              int(w.shape[2]), sh, sw, ph, pw, ACTIVATIONS[activation])
     plan = _kernel_plan(cfg_id, OUT_DTYPES[out_dtype], shape, x.device)
