@@ -78,12 +78,16 @@ def quantization_report(model: nn.Module, arch: str | None = None) -> str:
     """One line per quantized family: ``scaled_mm: 96 quantized layer(s) over 5 signature(s): 96 with a tuning
     entry (system=96), 0 on the shape heuristic`` — whether each layer's signature has an entry in the user/system
     tier for `arch`. An int8 line is always given (0 layers when none); an fp8 line when the model has fp8
-    layers (``scaled_mm_fp8: ...``)."""
+    layers (``scaled_mm_fp8: ...``); a ``conv2d_int8_activation`` line when it has `QuantConv2d` layers."""
     lines = []
     for family, layer_type in _REPORTED:
         layers = [m for m in model.modules() if isinstance(m, layer_type)]
         if layers or family == "scaled_mm":
             lines.append(_report_line(family, layers, arch))
+    convs = [m for m in model.modules() if isinstance(m, QuantConv2d)]
+    if convs:  # no DB family: the int8 conv picks its tile by a rule (ops_int8.untuned_tile)
+        lines.append(f"conv2d_int8_activation: {len(convs)} quantized conv(s), {sum(c.calibrated for c in convs)} "
+                     "calibrated, tiles by the untuned rule (not tuned)")
     return "\n".join(lines)
 
 

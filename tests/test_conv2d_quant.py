@@ -265,3 +265,52 @@ def test_uncalibrated_or_shared_producer_is_left_unfused_and_correct():
     assert sum(r.conv_quant for r in fuse_quant.fuse_log()[before:]) == 0
     assert not calls(graph, OPS.conv2d_activation_quant)
     assert abs(float(out) - float(eager)) < 1e-2 * abs(float(eager)) + 1e-3
+
+
+@pytest.mark.usefixtures("fresh_inductor")
+@pytest.mark.parametrize("layers", ["all", "fusable"])
+def test_options_quantization_converts_the_conv_into_the_same_fused_graph(layers):
+    """`options={"quantization": ...}` on a plain model calibrated with `calibrate`: the conv becomes the nodes
+    QuantConv2d runs, and the fusion gives the same graph as the quantize_ path; with convs=False it stays fp16."""
+    model = _frontend()
+    x = torch.randn(2, 61, 80).half()
+    oasr_ops.calibrate(model, [x])
+    with torch.no_grad():
+        ref = copy.deepcopy(model).float()(x.float())
+    cfg = oasr_ops.Int8W8A8Config(layers=layers)
+    out, graph = compile_captured(model, x, quantization=cfg, fuse_quantization="act")
+    producer, = calls(graph, OPS.conv2d_activation_quant)
+    conv, = calls(graph, OPS.conv2d_int8_activation)
+    assert conv.args[0] is producer and conv.args[7] == "relu"
+    assert not calls(graph, torch.ops.aten.convolution)
+    assert float((out.float() - ref).abs().max() / ref.abs().max()) < 3e-2
+    torch.compiler.reset()
+    _out, graph = compile_captured(model, x, quantization=oasr_ops.Int8W8A8Config(convs=False),
+                                   fuse_quantization="act")
+    assert not calls(graph, OPS.conv2d_int8_activation) and not calls(graph, OPS.conv2d_activation_quant)
+
+
+@pytest.mark.usefixtures("fresh_inductor")
+def test_options_quantization_of_an_uncalibrated_conv():
+    """Not calibrated: `layers="all"` converts it with a dynamic scale (correct, unfused producer); `"fusable"`
+    leaves it fp16 (its quantization could not be fused)."""
+    model = _frontend(seed=3)  # a fresh model: no calibration recorded for its weights
+    x = torch.randn(2, 61, 80).half()
+    with torch.no_grad():
+        ref = copy.deepcopy(model).float()(x.float())
+    out, graph = compile_captured(model, x, quantization="int8_w8a8", fuse_quantization="act")
+    assert len(calls(graph, OPS.conv2d_int8_activation)) == 1 and not calls(graph, OPS.conv2d_activation_quant)
+    assert float((out.float() - ref).abs().max() / ref.abs().max()) < 3e-2
+    torch.compiler.reset()
+    _out, graph = compile_captured(model, x, quantization=oasr_ops.Int8W8A8Config(layers="fusable"),
+                                   fuse_quantization="act")
+    assert not calls(graph, OPS.conv2d_int8_activation)
+
+
+def test_quantization_report_has_a_conv_line():
+    q = oasr_ops.quantize_(_frontend(), "int8_w8a8")
+    report = oasr_ops.quantization_report(q, arch="sm90")
+    assert "conv2d_int8_activation: 1 quantized conv(s), 0 calibrated" in report
+    assert report.splitlines()[0].startswith("scaled_mm: 1 quantized layer(s)")
+    plain = oasr_ops.quantize_(_frontend(), oasr_ops.Int8W8A8Config(convs=False))
+    assert "conv2d_int8" not in oasr_ops.quantization_report(plain, arch="sm90")

@@ -150,10 +150,13 @@ def test_cuda_graph_capture_reads_input_and_scale_on_the_device():
     check_q(out, reference(x, w, bias, (2, 2), (1, 1), "relu", s))
 
 
-def test_compiled_int8_frontend_matches_eager():
-    """Conv2dSubsampling4 (C = 256) with its second conv a calibrated QuantConv2d, compiled with the fusion pass: the
-    first conv writes int8 (conv2d_activation_quant), the int8 conv takes the ReLU; the output agrees with the same
-    layers run eagerly (there the first conv writes fp16 and a separate pass quantizes) and stays close to fp32."""
+@pytest.mark.parametrize("path", ["quantize_", "options"])
+def test_compiled_int8_frontend_matches_eager(path):
+    """Conv2dSubsampling4 (C = 256) with its second conv int8 and calibrated — a QuantConv2d (`quantize_`) or the
+    in-graph quantization of the plain model (``options={"quantization": ...}``) — compiled with the fusion pass:
+    the first conv writes int8 (conv2d_activation_quant), the int8 conv takes the ReLU; the output agrees with the
+    QuantConv2d layers run eagerly (there the first conv writes fp16 and a separate pass quantizes) and stays close
+    to fp32."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.conformer import Conv2dSubsampling4
     from oasr_ops.inductor.backend import oasr_backend
@@ -163,16 +166,21 @@ def test_compiled_int8_frontend_matches_eager():
     ref_model = Conv2dSubsampling4(80, 256, 256).to(DEV).eval()
     model = copy.deepcopy(ref_model).half()
     feats = [torch.randn(4, 301, 80, device=DEV) for _ in range(3)]
-    q = oasr_ops.quantize_(model, "int8_w8a8", filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Conv2d))
+    convs_only = lambda mod, fqn: isinstance(mod, torch.nn.Conv2d)  # noqa: E731
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=convs_only)
     assert isinstance(q.conv[2], oasr_ops.QuantConv2d)
     oasr_ops.calibrate(q, [f.half() for f in feats[:2]])
+    options = {"fuse_quantization": "act"}
+    if path == "options":
+        oasr_ops.calibrate(model, [f.half() for f in feats[:2]], filter_fn=convs_only)
+        options["quantization"] = oasr_ops.Int8W8A8Config(layers="fusable")
     x = feats[2]
     with torch.no_grad():
         ref = ref_model(x)
         eager = q(x.half())
         before = len(fuse_log())
         torch.compiler.reset()
-        got = torch.compile(q, backend=oasr_backend, options={"fuse_quantization": "act"})(x.half())
+        got = torch.compile(q if path == "quantize_" else model, backend=oasr_backend, options=options)(x.half())
     torch.cuda.synchronize()
     rep = fuse_log()[before:]
     assert sum(r.conv_quant for r in rep) == 1 and sum(r.conv_act for r in rep) == 1

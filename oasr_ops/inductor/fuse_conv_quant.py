@@ -67,8 +67,9 @@ def _pair(v) -> list[int] | None:
     return None
 
 
-def direct_conv_args(conv) -> tuple | None:
-    """(x, w, bias, stride, padding) of a ``conv2d`` node the direct kernel serves (module docstring), else None."""
+def conv2d_args(conv) -> tuple | None:
+    """(x, w, bias, stride, padding) of a Dynamo ``conv2d`` node with groups 1, dilation 1, integer padding and
+    4-D fp16/bf16 operands of one dtype, else None."""
     if not (isinstance(conv, torch.fx.Node) and conv.op == "call_function" and conv.target in _CONV2D):
         return None
     x, w = conv.args[0], _arg(conv, 1, "weight")
@@ -83,10 +84,16 @@ def direct_conv_args(conv) -> tuple | None:
         return None
     if xv.dtype not in (torch.float16, torch.bfloat16) or wv.dtype != xv.dtype:
         return None
-    cout, cin, kh, kw = (int(s) for s in wv.shape)
-    if cin * kh * kw > DIRECT_MAX_K or cout % 8:
-        return None
     return x, w, b, stride, padding
+
+
+def direct_conv_args(conv) -> tuple | None:
+    """`conv2d_args` of a conv the direct kernel serves (module docstring), else None."""
+    args = conv2d_args(conv)
+    if args is None:
+        return None
+    cout, cin, kh, kw = (int(s) for s in args[1].meta["example_value"].shape)
+    return args if cin * kh * kw <= DIRECT_MAX_K and cout % 8 == 0 else None
 
 
 def quantized_conv_producer(q: torch.fx.Node) -> tuple | None:

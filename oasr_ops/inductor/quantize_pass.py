@@ -8,7 +8,10 @@ both in `oasr_ops.families.scaled_mm.quantize`), spelt out node by node so the f
 one structure for both paths. fp8_w8a8 does the same with e4m3 (N % 16 == 0;
 `quantize_weight_fp8`, `quantize_per_token_fp8[_calibrated]`, `oasr::scaled_mm_fp8`: the ops of
 `quantized_linear_fp8`), the same structure with the fp8 ops. The post-grad pass then bakes scaled_mm configs like
-gemm ones.
+gemm ones. int8 with ``Int8W8A8Config.convs`` (the default) also converts every conv2d `QuantConv2d` would take
+(a parameter weight, groups 1, dilation 1, Cin % 16, Cout % 8) into the nodes `QuantConv2d.forward` traces to
+(`_emit_quantized_conv2d`); with ``layers="fusable"`` only a calibrated one whose producer the fusion absorbs
+(`fuse_conv_quant.fusable_convs`).
 
 Weights: the parameters stay graph inputs (AOTAutograd accepts no new constants from a backend), so the weight
 quantization is part of the graph. With Inductor's freezing on (`torch._inductor.config.freezing = True` before
@@ -23,11 +26,14 @@ from typing import Any, Callable
 
 import torch
 
+from ..families.conv2d_activation.ops_int8 import quantize_conv_weight
+from ..families.conv2d_activation.quantize import dynamic_input_scale
 from ..families.scaled_mm.calibrate import QMAX_OF, calibrated_scale
 from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from ..families.scaled_mm.quantize import quantize_weight
 from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
+from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import fusable_linears, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
@@ -79,8 +85,58 @@ def _emit_quantized_linear(gm: torch.fx.GraphModule, ops: SchemeOps, x, w, b, ke
     return g.call_function(restore_rows, (y, x))
 
 
+def _emit_quantized_conv2d(gm: torch.fx.GraphModule, x, w, b, stride, padding, wv: torch.Tensor,
+                           scale: torch.Tensor | None) -> torch.fx.Node:
+    """The nodes `QuantConv2d.forward` traces to (families/conv2d_activation/quantize.py), spelt out so the fusion
+    pass (`fuse_conv_quant`) sees one structure for both paths: the weight to KRSC and quantized per output channel
+    (per call; constant-folded under freezing), the input to NHWC, per-tensor quantization with the calibrated scale
+    (else a dynamic amax), `oasr.conv2d_int8_activation`, the output back to an NCHW view."""
+    g = gm.graph
+    wk = g.call_method("contiguous", (g.call_method("permute", (w, 0, 2, 3, 1)),))
+    wqs = g.call_function(quantize_conv_weight, (wk,))
+    wq, sw = g.call_function(operator.getitem, (wqs, 0)), g.call_function(operator.getitem, (wqs, 1))
+    x_nhwc = g.call_method("permute", (x, 0, 2, 3, 1))
+    if scale is None:
+        s = g.call_function(dynamic_input_scale, (x_nhwc,))
+    else:
+        s = g.call_function(torch.full, ((1,), float(scale.reshape(-1)[0])),
+                            {"dtype": torch.float32, "device": wv.device})
+    q = g.call_method("contiguous", (g.call_function(torch.ops.oasr.quantize_per_tensor.default, (x_nhwc, s)),))
+    y = g.call_function(torch.ops.oasr.conv2d_int8_activation.default,
+                        (q, wq, s, sw, b, list(stride), list(padding), "none", wv.dtype, "auto"))
+    return g.call_method("permute", (y, 0, 3, 1, 2))
+
+
+def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool) -> int:
+    """Every qualifying conv2d of `gm` (a parameter weight `conv_qualifies` would take; with `fusable_only`, only the
+    calibrated ones whose quantization the fusion pass absorbs) -> `_emit_quantized_conv2d`; returns how many."""
+    wanted = set(fusable_convs(gm)) if fusable_only else None
+    done = 0
+    for node in list(gm.graph.nodes):
+        args = conv2d_args(node)
+        if args is None or (wanted is not None and node not in wanted):
+            continue
+        x, w, b, stride, padding = args
+        wv = value_of.get(w)
+        if not isinstance(wv, torch.nn.Parameter) or (b is not None and not isinstance(value_of.get(b),
+                                                                                    torch.nn.Parameter)):
+            continue
+        cout, cin = int(wv.shape[0]), int(wv.shape[1])
+        scale = calibrated_scale(wv)
+        if cin % 16 or cout % 8 or (fusable_only and scale is None):
+            continue
+        with gm.graph.inserting_before(node):
+            new = _emit_quantized_conv2d(gm, x, w, b, stride, padding, wv, scale)
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        done += 1
+    return done
+
+
 def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any) -> int:
-    """Rewrite `gm` in place; returns how many linears were quantized. `scheme`: ``"int8_w8a8"``, ``"fp8_w8a8"``
+    """Rewrite `gm` in place; returns how many layers were quantized (linears, and int8 convs with
+    ``Int8W8A8Config.convs``). `scheme`: ``"int8_w8a8"``, ``"fp8_w8a8"``
     or their configs (what `quantize_` accepts). ValueError for anything else. A layer calibrated with
     `oasr_ops.calibrate` carries its scale into the graph (a constant) for the fusion pass."""
     try:
@@ -94,9 +150,10 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     wanted = None
-    if getattr(cfg, "layers", None) == "fusable":
+    fusable_only = getattr(cfg, "layers", None) == "fusable"
+    if fusable_only:
         wanted = set(fusable_linears(gm, value_of))
-    done = 0
+    done = _quantize_convs(gm, value_of, fusable_only) if getattr(cfg, "convs", False) else 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
             continue

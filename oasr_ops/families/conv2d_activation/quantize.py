@@ -33,6 +33,11 @@ _lib.define("quantize_per_tensor(Tensor x, Tensor scale) -> Tensor")
 _lib.impl("quantize_per_tensor", quantize_output, "CompositeImplicitAutograd")
 
 
+def dynamic_input_scale(x: torch.Tensor) -> torch.Tensor:
+    """The per-tensor scale of an uncalibrated input: amax(|x|) / 127 (fp32 [1]; a full reduction per call)."""
+    return (x.abs().amax().float().clamp_min(1e-12) / 127.0).reshape(1)
+
+
 def qualifies(conv: nn.Module) -> bool:
     """`conv` is an `nn.Conv2d` the int8 conv kernels can run (module docstring)."""
     return (type(conv) is nn.Conv2d and conv.groups == 1 and tuple(conv.dilation) == (1, 1)
@@ -55,8 +60,8 @@ class QuantConv2d(CalibratedInput):
             raise ValueError(f"QuantConv2d: weight_q must be int8 KRSC [Cout, KH, KW, Cin], got {weight_q.dtype} "
                              f"{tuple(weight_q.shape)}")
         self._init_buffers(weight_q, scale_w, bias, out_dtype, "auto")
-        self.stride = [int(s) for s in stride]
-        self.padding = [int(p) for p in padding]
+        self.stride = tuple(int(s) for s in stride)
+        self.padding = tuple(int(p) for p in padding)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "QuantConv2d":
@@ -78,7 +83,8 @@ class QuantConv2d(CalibratedInput):
         x_nhwc = xh.permute(0, 2, 3, 1)
         scale = self.input_scale
         if scale is None:  # dynamic per tensor: one reduction over the input per call (calibrate to avoid it)
-            scale = (x_nhwc.abs().amax().float().clamp_min(1e-12) / 127.0).reshape(1)
+            scale = dynamic_input_scale(x_nhwc)
+        # (inductor/quantize_pass.py spells out these same nodes for options={"quantization": ...})
         q = torch.ops.oasr.quantize_per_tensor(x_nhwc, scale).contiguous()
         y = torch.ops.oasr.conv2d_int8_activation(q, self.weight_q, scale, self.scale_w,
                                                   bias if bias.shape[0] else None, self.stride, self.padding,
@@ -109,4 +115,4 @@ def quantize_convs(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool]
     return model
 
 
-__all__ = ["QuantConv2d", "qualifies", "quantize_convs"]
+__all__ = ["QuantConv2d", "dynamic_input_scale", "qualifies", "quantize_convs"]

@@ -1,12 +1,13 @@
 """`oasr_ops.calibrate(model, batches)`: static per-tensor input scales for int8 / fp8 layers, from representative data.
 
 Runs `model` eagerly (no_grad) on every batch, records amax(|input|) of each quantized layer (`QuantLinear`,
-`Fp8QuantLinear`: a `quantize_`d model) or else of each qualifying `nn.Linear` (K % 16 == 0, N % 8 == 0), and stores:
+`Fp8QuantLinear`, `QuantConv2d`: a `quantize_`d model) or else of each qualifying `nn.Linear` (K % 16 == 0,
+N % 8 == 0) and `nn.Conv2d` (families/conv2d_activation/quantize.py), and stores:
 
 * on a quantized layer (after `quantize_`) ``scale = max(amax, tiny) / qmax`` (fp32 [1]; qmax = the layer's
   `input_qmax`: 127 for int8, 448 for e4m3) as its ``input_scale`` buffer — saved in its state dict, loaded back by
   a quantized model (`CalibratedInput._load_from_state_dict`);
-* for a plain `nn.Linear` (the ``options={"quantization": ...}`` path quantizes in the graph) the amax, in a weak
+* for a plain `nn.Linear` / `nn.Conv2d` (the ``options={"quantization": ...}`` path quantizes in the graph) the amax, in a weak
   table keyed by the layer's weight `nn.Parameter`; the in-graph quantization reads it as the scale of its scheme
   (`calibrated_scale(weight, qmax)`: 127 for int8_w8a8, 448 for fp8_w8a8), so one calibration serves both.
 
@@ -53,12 +54,15 @@ def _remember(weight: nn.Parameter, amax: torch.Tensor) -> None:
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The quantized layers of a `quantize_`d model (int8 and fp8); the qualifying `nn.Linear`s of a model that
-    has none."""
+    """The quantized layers of a `quantize_`d model (int8 and fp8, convs included); the qualifying `nn.Linear`s and
+    `nn.Conv2d`s of a model that has none."""
+    from ..conv2d_activation.quantize import qualifies as conv_qualifies
+
     quant = [(name, m) for name, m in model.named_modules() if isinstance(m, CalibratedInput)]
     if quant:
         return quant
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and qualifies(m)]
+    return [(name, m) for name, m in model.named_modules()
+            if (isinstance(m, nn.Linear) and qualifies(m)) or conv_qualifies(m)]
 
 
 def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None,

@@ -32,7 +32,7 @@ class Int8W8A8Config:
       convs: whether `quantize_` also swaps the qualifying `nn.Conv2d` layers (groups 1, dilation 1, Cin % 16 == 0,
         Cout % 8 == 0: a speech frontend's second conv) for `QuantConv2d` (int8 filter per output channel, input
         per tensor; `oasr_ops.families.conv2d_activation.quantize`). Default True; `filter_fn` sees them too. The
-        in-graph quantization (``options={"quantization": ...}``) converts linears only.
+        in-graph quantization (``options={"quantization": ...}``) converts the same convs (`quantize_pass`).
     """
 
     kernel: str = "auto"
