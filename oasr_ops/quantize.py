@@ -1,11 +1,11 @@
-"""`quantize_(model, Int8W8A8Config())` (or the string ``"int8_w8a8"``): swap `nn.Linear` layers for quantized
-layers, in place — the public wrappers.
+"""`quantize_(model, Int8W8A8Config())` (or the string ``"int8_w8a8"``): swap `nn.Linear` (and, int8, qualifying
+`nn.Conv2d`) layers for quantized layers, in place — the public wrappers.
 
 torchao's convention: ``quantize_(model, config, filter_fn)``; the config is a frozen dataclass
 (`oasr_ops.families.scaled_mm.qconfig`) and a handler registered for its type (`register_quantize_handler`)
 transforms the model. A string names a config with its defaults. The transform itself belongs to the family that
 runs it (``int8_w8a8``: `oasr_ops.families.scaled_mm.quantize`, where the qualifying rule, the weight quantization
-and `QuantLinear` are documented).
+and `QuantLinear` are documented; its convs: `oasr_ops.families.conv2d_activation.quantize`, `QuantConv2d`).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def register_quantize_handler(config_type: type) -> Callable:
 
 
 def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn | None = None) -> nn.Module:
-    """Quantize `model` in place with `config` and return it (a bare `nn.Linear` passed as `model` is returned
-    converted).
+    """Quantize `model` in place with `config` and return it (a bare `nn.Linear` — or, int8, `nn.Conv2d` — passed
+    as `model` is returned converted).
 
     `config`: a config object (`Int8W8A8Config()`, or any type with a `register_quantize_handler`) or a scheme
     string (``"int8_w8a8"`` = ``Int8W8A8Config()``). `filter_fn(module, fqn)` (torchao's convention: the module and
