@@ -147,12 +147,20 @@ def fuse_conv_quantization(gm: torch.fx.GraphModule) -> tuple[int, int]:
     return producers, folded
 
 
+# Output channels the int8 conv was measured to pay at (docs/perf/conv.md, session 10: Cout 384 and 512, 1.5-1.7x
+# cuDNN's fp16 conv on its 128- or 256-wide tiles). Elsewhere every int8 tile computes columns past Cout (Cout = 144:
+# 256 columns, 44 % of them wasted), unmeasured: `fusable_convs` leaves those convs fp16.
+FUSABLE_COUT_MULTIPLE = 128
+
+
 def fusable_convs(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     """The ``conv2d`` nodes of a Dynamo graph (before `quantize_`) whose int8 input quantization rewrite 1 absorbs:
-    input ``act(conv2d(...))`` of a direct-kernel conv, read by nothing else (`oasr_ops.fusable_filter`)."""
+    input ``act(conv2d(...))`` of a direct-kernel conv, read by nothing else, with Cout a multiple of
+    `FUSABLE_COUT_MULTIPLE` (`oasr_ops.fusable_filter`, ``layers="fusable"``)."""
     out = []
     for n in gm.graph.nodes:
-        if not (n.op == "call_function" and n.target in _CONV2D):
+        args = conv2d_args(n)
+        if args is None or int(args[1].meta["example_value"].shape[0]) % FUSABLE_COUT_MULTIPLE:
             continue
         act_node = n.args[0]
         if conv_activation(act_node) is None or _only_user(act_node) is not n:
