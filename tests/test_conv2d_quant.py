@@ -317,3 +317,17 @@ def test_quantization_report_has_a_conv_line():
     assert report.splitlines()[0].startswith("scaled_mm: 1 quantized layer(s)")
     plain = oasr_ops.quantize_(_frontend(), oasr_ops.Int8W8A8Config(convs=False))
     assert "conv2d_int8" not in oasr_ops.quantization_report(plain, arch="sm90")
+
+
+def test_quant_conv2d_input_rules():
+    layer = oasr_ops.QuantConv2d.from_conv(nn.Conv2d(32, 16, 3, padding=1).half())
+    layer.input_scale = torch.tensor([0.03])  # static: a batch and one of its samples quantize alike
+    x = torch.randn(2, 32, 9, 7, generator=torch.Generator().manual_seed(0)).half()
+    with torch.no_grad():
+        batched = layer(x)
+        assert batched.shape == (2, 16, 9, 7) and batched.dtype == torch.float16
+        assert torch.equal(layer(x[1]), batched[1])  # unbatched [C, H, W], as nn.Conv2d
+        with pytest.raises(ValueError, match=r"input must be \[B, 32, H, W\]"):
+            layer(torch.randn(2, 16, 9, 7).half())
+        with pytest.raises(ValueError, match="input must be"):
+            layer(torch.randn(2, 32, 9).half().unsqueeze(0).unsqueeze(0))

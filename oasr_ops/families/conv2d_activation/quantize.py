@@ -78,6 +78,11 @@ class QuantConv2d(CalibratedInput):
         return self.weight_q.shape[3]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:  # unbatched [C, H, W], as nn.Conv2d accepts
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        if x.dim() != 4 or x.shape[1] != self.in_features:
+            raise ValueError(f"QuantConv2d: input must be [B, {self.in_features}, H, W] (or unbatched), got "
+                             f"{tuple(x.shape)}")
         bias, out_dtype = self.bias, self.bias.dtype
         xh = x if x.dtype == out_dtype else x.to(out_dtype)
         x_nhwc = xh.permute(0, 2, 3, 1)
