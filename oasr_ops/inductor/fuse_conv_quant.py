@@ -8,8 +8,9 @@ oasr.quantize_per_tensor(., s) -> contiguous -> oasr.conv2d_int8_activation(...,
    ``oasr.conv2d_activation_quant(x_nhwc, w_krsc, b, stride, padding, act, s)``: the first frontend conv writes the
    second's int8 input itself (half the bytes of its fp16 output, no quantization pass). Only where the untuned
    rule serves that conv with the direct kernel (K = Cin * KH * KW <= `ops.DIRECT_MAX_K`: the kernels with an int8
-   output; a larger conv is cuDNN's, which cannot write int8), with groups 1, dilation 1, fp16/bf16, and its
-   activated output read by nothing else. x becomes NHWC through a permute (a view for Cin = 1:
+   output; a larger conv is cuDNN's, which cannot write int8; a tuned DB entry naming cuDNN for this conv makes the
+   op run cuDNN and then quantize: correct, no gain), with groups 1, dilation 1, fp16/bf16, and its activated
+   output read by nothing else. x becomes NHWC through a permute (a view for Cin = 1:
    ``feats.unsqueeze(1)``; a copy otherwise), the weight KRSC (a copy of the parameter for Cin > 1, folded under
    freezing). The op's config is baked post-grad like `conv2d_activation`'s (families/conv2d_activation/rewrite.py).
 2. Activation: ``oasr.conv2d_int8_activation(..., "none", ...) -> permute -> relu|silu|gelu`` takes the activation
@@ -25,7 +26,7 @@ from ..families.conv2d_activation.ops import DIRECT_MAX_K
 from .quant_patterns import _activation, _arg
 
 _CONV2D = {torch.conv2d, torch.nn.functional.conv2d}
-_RELU = {torch.relu, torch.nn.functional.relu, torch.relu_}
+_RELU = {torch.relu, torch.nn.functional.relu}
 _QUANT_PER_TENSOR = {torch.ops.oasr.quantize_per_tensor, torch.ops.oasr.quantize_per_tensor.default}
 _INT8_CONV = {torch.ops.oasr.conv2d_int8_activation, torch.ops.oasr.conv2d_int8_activation.default}
 _ACT_ARG = 7  # conv2d_int8_activation(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, config)
