@@ -1,5 +1,5 @@
 """The int8 speech frontend on the GPU, kernel by kernel: what the first conv's int8 output and the int8 second conv
-save against the fp16 frontend `backend="oasr"` serves today.
+save against the fp16 frontend (what `backend="oasr"` serves an fp16 model).
 
     python benchmarks/conv2d_quant.py --out conv2d_quant.json [--batch 16 --frames 1000 --channels 512]
 
@@ -7,7 +7,7 @@ Conformer M's Conv2dSubsampling4: conv1 = Conv2d(1, C, 3, stride 2) + ReLU on [B
 kernel, M = B * 499 * 39 positions), conv2 = Conv2d(C, C, 3, stride 2) + ReLU. Arms (each a CUDA graph of 8 calls,
 median of 15 replays, --rounds alternating rounds, median over rounds; random operands):
 
-  conv1-fp16        oasr.conv2d_activation (auto: the untuned rule's direct tile), fp16 out (today)
+  conv1-fp16        oasr.conv2d_activation (auto: the untuned rule's direct tile), fp16 out
   conv1-int8out     oasr.conv2d_activation_quant, the same tile writing int8 with a static scale
   conv1-fp16+quant  conv1-fp16 then Inductor's fused per-tensor quantization (what an unfused QuantConv2d costs)
   conv2-fp16        oasr.conv2d_activation on conv1's fp16 output (auto: cuDNN's fused conv + bias + ReLU)
