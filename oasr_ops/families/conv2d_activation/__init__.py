@@ -1,5 +1,6 @@
 """The conv2d_activation family: 2-D convs + activation in NHWC (`torch.ops.oasr.conv2d_activation`), for a speech
-frontend's Conv2dSubsampling.
+frontend's Conv2dSubsampling. Its int8 path: `conv2d_int8_activation` (ops_int8.py, the int8 implicit-GEMM conv),
+`conv2d_activation_quant` (ops_quant.py, the direct conv writing int8) and `QuantConv2d` (quantize.py).
 
 DB ops ``conv2d_k3s2`` / ``conv2d_k3s1`` / ``conv2d`` (filter geometry); signatures
 ``conv2d_activation|op=<op>|dt=half|N=<Cout>|K=<Cin*KH*KW>``, regions over M = B * Ho * Wo (ops.py).
