@@ -167,12 +167,8 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     del _LOG[:-64]
     rep.conv_quant, rep.conv_act = fuse_conv_quantization(gm)  # int8 convs (fuse_conv_quant.py)
     quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
-    if not quants:
-        if rep.conv_quant or rep.conv_act:
-            eliminate_dead_code(gm.graph)
-            gm.graph.lint()
-            gm.recompile()
-        return rep
+    if not quants and not (rep.conv_quant or rep.conv_act):
+        return rep  # nothing rewritten: no recompile
     _fuse_act_quant(gm, quants, rep)
     if layer_norms:
         _fuse_layer_norms(gm, quants, rep)

@@ -38,42 +38,37 @@ def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYP
 _KERNELS = KernelCache()
 
 
-def load_kernel(spec: JitSpec) -> KernelLibrary:
-    """The launcher of a built kernel: ``oasr_conv2d_run(x, w, bias, y, B, H, W, Cin, Cout, KH, KW, sh, sw, ph, pw,
-    act, workspace, workspace_bytes, stream)``; ``can_implement`` / ``workspace_size`` take the 12 ints."""
-    p, i = ctypes.c_void_p, ctypes.c_int
-    shape = [i] * 12
-    return load_launcher(spec, "conv2d", CONV2D_ABI_VERSION, [p, p, p, p, *shape, p, ctypes.c_size_t, p], shape,
-                         ["x", "w", "bias", "y", *_SHAPE_NAMES, "workspace", "workspace_bytes", "stream"],
-                         _SHAPE_NAMES)
+# Each kernel variant's C launcher (`templates/_conv2d_abi.cu.j2`): prefix -> its pointer arguments, which come before
+# the 12 shape ints (B, H, W, Cin, Cout, KH, KW, sh, sw, ph, pw, act) and are followed by workspace, workspace_bytes,
+# stream; ``<prefix>_can_implement`` / ``_workspace_size`` take the 12 ints.
+_LAUNCHERS = {
+    "conv2d": ("x", "w", "bias", "y"),                              # fp16 / bf16
+    "conv2d_int8": ("x", "w", "scale_x", "scale_w", "bias", "y"),   # INT8_VARIANTS (op conv2d_int8_activation)
+    "conv2d_quant": ("x", "w", "bias", "out_scale", "y"),           # QUANT_VARIANTS (op conv2d_activation_quant)
+}
 
 
-def load_int8_kernel(spec: JitSpec) -> KernelLibrary:
-    """The int8 variants' launcher: ``oasr_conv2d_int8_run(x, w, scale_x, scale_w, bias, y, B, H, W, Cin, Cout, KH,
-    KW, sh, sw, ph, pw, act, workspace, workspace_bytes, stream)``; ``oasr_conv2d_int8_can_implement`` /
-    ``_workspace_size`` take the 12 ints, as the fp16 launcher's."""
+def launcher_prefix(dtype: str) -> str:
+    """The launcher a kernel of variant `dtype` (render_conv2d) exports."""
+    return "conv2d_int8" if dtype in INT8_VARIANTS else "conv2d_quant" if dtype in QUANT_VARIANTS else "conv2d"
+
+
+def load_kernel(spec: JitSpec, prefix: str = "conv2d") -> KernelLibrary:
+    """The `prefix` launcher of a built kernel (`_LAUNCHERS`), its ABI version checked."""
+    pointers = _LAUNCHERS[prefix]
     p, i = ctypes.c_void_p, ctypes.c_int
     shape = [i] * 12
-    return load_launcher(spec, "conv2d_int8", CONV2D_ABI_VERSION, [p, p, p, p, p, p, *shape, p, ctypes.c_size_t, p],
-                         shape, ["x", "w", "scale_x", "scale_w", "bias", "y", *_SHAPE_NAMES, "workspace",
-                                 "workspace_bytes", "stream"], _SHAPE_NAMES)
+    return load_launcher(spec, prefix, CONV2D_ABI_VERSION, [p] * len(pointers) + shape + [p, ctypes.c_size_t, p],
+                         shape, [*pointers, *_SHAPE_NAMES, "workspace", "workspace_bytes", "stream"], _SHAPE_NAMES)
 
 
 def load_quant_kernel(spec: JitSpec) -> KernelLibrary:
-    """The quantizing variants' launcher: ``oasr_conv2d_quant_run(x, w, bias, out_scale, y, B, H, W, Cin, Cout, KH,
-    KW, sh, sw, ph, pw, act, workspace, workspace_bytes, stream)`` (y int8); ``oasr_conv2d_quant_can_implement`` /
-    ``_workspace_size`` take the 12 ints, as the fp16 launcher's."""
-    p, i = ctypes.c_void_p, ctypes.c_int
-    shape = [i] * 12
-    return load_launcher(spec, "conv2d_quant", CONV2D_ABI_VERSION, [p, p, p, p, p, *shape, p, ctypes.c_size_t, p],
-                         shape, ["x", "w", "bias", "out_scale", "y", *_SHAPE_NAMES, "workspace", "workspace_bytes",
-                                 "stream"], _SHAPE_NAMES)
+    """The quantizing variants' launcher, ``oasr_conv2d_quant_run(x, w, bias, out_scale, y, ...)`` (y int8)."""
+    return load_kernel(spec, "conv2d_quant")
 
 
 def get_kernel(lane: Lane, config: Config, dtype: str, arch: str) -> KernelLibrary:
     """Build (JIT, first use) and load one conv2d kernel (`dtype`: fp16 / bf16, or an int8 / quantizing variant of
     render_conv2d, each with its own launcher). Raises BuildError / LoadError (remembered)."""
-    load = (load_int8_kernel if dtype in INT8_VARIANTS else load_quant_kernel if dtype in QUANT_VARIANTS
-            else load_kernel)
     return _KERNELS.get((lane.name, config.id, dtype, arch),
-                        lambda: load(JitSpec.for_kernel(lane, config, dtype, arch)))
+                        lambda: load_kernel(JitSpec.for_kernel(lane, config, dtype, arch), launcher_prefix(dtype)))

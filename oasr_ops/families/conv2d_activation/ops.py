@@ -174,11 +174,17 @@ def _activate(y: torch.Tensor, activation: str, inplace: bool = False) -> torch.
     return y
 
 
-def reference_conv2d(x, w, bias, stride, padding, activation):
-    """fp32 F.conv2d + activation, one rounding to x's dtype; NHWC in, packed NHWC out."""
+def reference_conv2d_fp32(x, w, bias, stride, padding, activation) -> torch.Tensor:
+    """act(F.conv2d + bias) in fp32 from NHWC x / KRSC w: [B, Cout, Ho, Wo] (NCHW), not rounded."""
     y = F.conv2d(x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2),
                  None if bias is None else bias.float(), stride=tuple(stride), padding=tuple(padding))
-    return _activate(y, activation).to(x.dtype).permute(0, 2, 3, 1).contiguous()
+    return _activate(y, activation)
+
+
+def reference_conv2d(x, w, bias, stride, padding, activation):
+    """fp32 F.conv2d + activation, one rounding to x's dtype; NHWC in, packed NHWC out."""
+    y = reference_conv2d_fp32(x, w, bias, stride, padding, activation)
+    return y.to(x.dtype).permute(0, 2, 3, 1).contiguous()
 
 
 def torch_conv2d(x, w, bias, stride, padding, activation):
@@ -231,6 +237,16 @@ def signature(op: str, cout: int, k: int) -> str:
     return _database.signature(FAMILY, op, "half", cout, k)
 
 
+def packed_operands(x, w, bias):
+    """(x, w, bias) contiguous, and whether all three start 16-byte aligned: the kernels' vector / TMA accesses need
+    it; a view at an odd offset runs the torch arm instead (the same values)."""
+    x = x if x.is_contiguous() else x.contiguous()
+    w = w if w.is_contiguous() else w.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    return x, w, bias, (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16 == 0
+
+
 def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: str, out_shape, quant: bool = False):
     """The launcher of `cfg` as ``run(x, w, bias)`` -> packed NHWC of x's dtype, or with `quant` (op
     conv2d_activation_quant, direct configs only) ``run(x, w, bias, out_scale)`` -> int8; None (warned once) where
@@ -270,11 +286,8 @@ def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: st
 
     if quant:
         def run_quant(x, w, bias, out_scale):
-            x = x if x.is_contiguous() else x.contiguous()
-            w = w if w.is_contiguous() else w.contiguous()
-            if bias is not None and not bias.is_contiguous():
-                bias = bias.contiguous()
-            if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16:
+            x, w, bias, aligned = packed_operands(x, w, bias)
+            if not aligned:
                 return quantize_output(torch_conv2d(x, w, bias, stride, padding, _ACT_NAMES[act]), out_scale)
             out = torch.empty(out_shape, dtype=torch.int8, device=x.device)
             rc = run_c(x.data_ptr(), w.data_ptr(), None if bias is None else bias.data_ptr(), out_scale.data_ptr(),
@@ -286,12 +299,8 @@ def _kernel_run(cfg: Config, x, w, stride, padding, act: int, arch: str, sig: st
         return run_quant
 
     def run_kernel(x, w, bias):
-        x = x if x.is_contiguous() else x.contiguous()
-        w = w if w.is_contiguous() else w.contiguous()
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16:
-            # 16-byte vector / TMA accesses: a view at an odd offset runs the torch arm (the same values)
+        x, w, bias, aligned = packed_operands(x, w, bias)
+        if not aligned:
             return torch_conv2d(x, w, bias, stride, padding, _ACT_NAMES[act])
         out = x.new_empty(out_shape)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..autograd import inference_only
 from ...runtime.plans import WarnOnce
 from .lanes import SM90_INT8_CONV2D
-from .ops import ACTIVATIONS, _activate, _pair, check_geometry, check_layouts
+from .ops import ACTIVATIONS, _activate, _pair, check_geometry, check_layouts, packed_operands
 
 OP = "conv2d_int8_activation"
 OUT_DTYPES = {torch.float16: "int8_fp16", torch.bfloat16: "int8_bf16"}  # out dtype -> kernel variant
@@ -171,12 +171,9 @@ def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, 
     plan = _kernel_plan(cfg_id, OUT_DTYPES[out_dtype], shape, x.device)
     if plan is None:
         return reference()
-    x = x if x.is_contiguous() else x.contiguous()
-    w = w if w.is_contiguous() else w.contiguous()
+    x, w, bias, aligned = packed_operands(x, w, bias)
     scale_w = scale_w if scale_w.is_contiguous() else scale_w.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    if (x.data_ptr() | w.data_ptr() | (0 if bias is None else bias.data_ptr())) % 16 or scale_w.data_ptr() % 4:
+    if not aligned or scale_w.data_ptr() % 4:
         _warn(f"oasr.{OP}: an operand is not 16-byte aligned (a view at an odd offset); using the reference formula")
         return reference()
     kern, ws_bytes = plan

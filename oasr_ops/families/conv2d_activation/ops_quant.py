@@ -29,7 +29,8 @@ import torch
 
 from ..autograd import inference_only
 from ...runtime import database as _database
-from .ops import _PLANS, _activate, _make_plan, _pair, check, check_config_arg, quantize_output
+from .ops import (_PLANS, _make_plan, _pair, check, check_config_arg, quantize_output,
+                  reference_conv2d_fp32)
 
 OP = "conv2d_activation_quant"
 
@@ -53,10 +54,8 @@ def check_quant(x, w, bias, stride, padding, activation, out_scale) -> tuple[int
 
 def reference_conv2d_quant(x, w, bias, stride, padding, activation, out_scale) -> torch.Tensor:
     """The op's formula (module docstring) from fp32 F.conv2d; NHWC in, packed NHWC int8 out."""
-    y = torch.nn.functional.conv2d(x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2),
-                                   None if bias is None else bias.float(), stride=tuple(stride),
-                                   padding=tuple(padding))
-    return quantize_output(_activate(y, activation), out_scale).permute(0, 2, 3, 1).contiguous()
+    y = reference_conv2d_fp32(x, w, bias, stride, padding, activation)
+    return quantize_output(y, out_scale).permute(0, 2, 3, 1).contiguous()
 
 
 def _cpu(x, w, bias, stride, padding, activation, out_scale, config):
