@@ -12,7 +12,9 @@ Contract per method (each raises only what it says):
                          (dlopen / ABI mismatch). Builds when the .so is absent or unverified; a verified `.so`
                          that fails to load is rebuilt ONCE (warning naming it). At most one build per call: a
                          fresh build that fails to load raises LoadError. Nothing is dlopen'ed before its hash
-                         is checked against the manifest, right before the dlopen.
+                         is checked against the manifest, right before the dlopen. With OASR_JIT_BUILD=off a
+                         kernel that is not prebuilt raises BuildError instead of compiling (a served process
+                         that must never wait for nvcc: the caller's documented fallback runs, warned once).
   load_launcher(...)     as load(), plus the family's launcher symbols; raises BuildError / LoadError.
   KernelLibrary.run / can_implement / workspace_size
                          raise ValueError naming the argument when an integer does not fit its C type (ctypes
@@ -60,6 +62,20 @@ from .cache_trust import (BuildError, LoadError, UnsafeCacheError, _check_dir, _
                           _secure_dir, _sha256, _sweep_stale_builds, _verify, manifest_path)
 from .loader import KernelLibrary, _BadLibrary, _load, _load_lock, _loaded, checked, load_launcher  # noqa: F401
 from .render import ABI_VERSION, render
+
+# Kernels this process compiled (names, in order): a served process that prebuilt its kernels should have none.
+_COMPILED: list[str] = []
+
+
+def compiled_in_process() -> tuple[str, ...]:
+    """The kernels this process compiled with nvcc so far (prebuilds and on-first-use builds alike)."""
+    return tuple(_COMPILED)
+
+
+def on_demand_builds_allowed() -> bool:
+    """False when ``OASR_JIT_BUILD=off``: `JitSpec.load` then never compiles (`build()` / `oasr tune prebuild` do)."""
+    return os.environ.get("OASR_JIT_BUILD", "").strip().lower() not in ("off", "0", "false", "no")
+
 
 # Peak resident memory of one nvcc, measured on the CPU box (about 3.5 GB for a 3.x kernel), with headroom.
 _MEM_PER_JOB = {"3x": 3.6e9, "2x": 0.8e9, "dw": 0.8e9, "dc": 0.8e9}
@@ -203,6 +219,7 @@ class JitSpec:
                 shutil.copy(src, self.log_path.with_suffix(".cu"))
                 raise BuildError(f"nvcc failed for {self.name} (rc={rc})", self.log_path)
             _install(tmp_so, out, tmp)
+            _COMPILED.append(self.name)
         except OSError as e:
             raise BuildError(f"cannot build {self.name}: {e}", self.log_path) from None
         finally:
@@ -222,6 +239,9 @@ class JitSpec:
             if e.digest is not None:  # it verified, yet did not load: corrupt or from a broken toolchain
                 warnings.warn(f"oasr_ops: kernel library {path} failed to load ({e}); rebuilding it once",
                               RuntimeWarning, stacklevel=2)
+            if not on_demand_builds_allowed():
+                raise BuildError(f"{self.name} is not prebuilt ({e}) and OASR_JIT_BUILD=off forbids compiling it "
+                                 f"at run time; build it ahead with `oasr tune prebuild`") from None
             self._build(e.digest)  # absent or unverified: build (warns when a file was there)
         try:
             return _load(path)

@@ -17,9 +17,10 @@ def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYP
     """`oasr tune prebuild`'s conv2d set for `arch`: every chosen config (`configs`, else the production set, else
     with `all_` the whole lane) x dtype, plus what an int8 frontend runs (`QuantConv2d` + the fusion pass) for each
     fp16/bf16 dtype: the int8-output variant of every chosen direct config and, on sm90, the int8 conv lane's
-    default tile (its other tiles with `all_`; the lane is not the family's, so nothing else builds them)."""
+    tiles `ops_int8.untuned_tile` answers (every tile with `all_`; the lane is not the family's, so nothing else
+    builds them)."""
     from ...runtime.registry import native_lane
-    from .lanes import SM90_INT8_CONV2D
+    from .lanes import INT8_UNTUNED_TILES, SM90_INT8_CONV2D
 
     lane = native_lane(arch, "conv2d_activation")
     if lane is None:
@@ -30,7 +31,7 @@ def prebuild_specs(arch: str, all_: bool = False, dtypes: tuple[str, ...] = DTYP
     specs += [JitSpec.for_kernel(lane, c, f"{dt}_q8", arch) for c in chosen if c.generation == "dc"
               for dt in int8_dtypes]
     if arch in SM90_INT8_CONV2D.arch_families and configs is None:
-        tiles = SM90_INT8_CONV2D.space if all_ else (SM90_INT8_CONV2D.default,)
+        tiles = SM90_INT8_CONV2D.space if all_ else tuple(SM90_INT8_CONV2D.get(t) for t in INT8_UNTUNED_TILES)
         specs += [JitSpec.for_kernel(SM90_INT8_CONV2D, c, f"int8_{dt}", arch) for c in tiles for dt in int8_dtypes]
     return specs
 

@@ -102,3 +102,6 @@ SM90_INT8_CONV2D = Lane(
     smem_bytes=_SMEM,
     operand_bytes=1,
 )
+# The tiles `ops_int8.untuned_tile` answers (nothing tunes this lane yet): the default where Cout fills 256 columns
+# as well as 128, else 128 x 128. The production prebuild compiles exactly these.
+INT8_UNTUNED_TILES = (_INT8_3X[0], "t128x128x128_c1x1_ws")

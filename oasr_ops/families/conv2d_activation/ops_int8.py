@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..autograd import inference_only
 from ...runtime.plans import WarnOnce
+from .lanes import INT8_UNTUNED_TILES as UNTUNED_TILES
 from .lanes import SM90_INT8_CONV2D
 from .ops import ACTIVATIONS, _activate, _pair, check_geometry, check_layouts, packed_operands
 
@@ -76,7 +77,8 @@ def untuned_tile(cout: int) -> str:
     else the 128 x 128 tile (Cout = 384: 64 x 256 computes 512 columns, a third of them wasted; docs/perf/conv.md,
     session 10, measured both at Cout 384 and 512 on the H200)."""
     waste = lambda n: -(-cout // n) * n - cout  # noqa: E731  (columns computed beyond Cout)
-    return SM90_INT8_CONV2D.default.id if waste(256) <= waste(128) else "t128x128x128_c1x1_ws"
+    wide, square = UNTUNED_TILES
+    return wide if waste(256) <= waste(128) else square
 
 
 def check_config_arg(config: str) -> None:

@@ -1,0 +1,192 @@
+"""Serving traffic: variable-length batches, `dynamic=True`, backend="oasr" (fp16, int8) vs backend="inductor".
+
+  python benchmarks/e2e_serving.py --model-args size=M --batches 1,4,16 --requests 24 --mode default \
+      --rounds 3 --out e2e_serving.json
+
+Every other e2e benchmark here times one fixed shape (B=16 x 10 s). A service sees utterances of every length in
+batches of every size, padded to the batch's longest and masked (`lengths`). This one builds a seeded request list
+(`--requests` batches; batch sizes cycled from --batches, utterance lengths uniform in [--min-s, --max-s] seconds at
+100 frames/s, the batch padded to its longest, optionally rounded up to --bucket-frames) and serves it with each
+variant, each compiled ONCE with `dynamic=True` (a new length must not recompile):
+
+  fp16        the fp16 model, backend="inductor" (the baseline)
+  fp16-oasr   the same weights, backend="oasr"
+  int8        `fusable_filter` -> `quantize_(int8_w8a8)` -> `calibrate` (on --calib batches of the same traffic)
+              -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
+
+--mode default: no CUDA graphs (host time per op counts, as in a service that does not capture graphs);
+--mode reduce-overhead: CUDA graphs, one recording per distinct shape (the first pass records them; the timed
+rounds replay). Per variant: first-call (compile) seconds, the warm-up pass's seconds (recompiles and recordings),
+Dynamo's graph count, then --rounds timed passes over the whole traffic, variants alternating (order reversed every
+round), each request timed synchronously with CUDA events (its latency as a caller sees it). Reported: total ms
+per pass (median over rounds), per batch size, ratios vs fp16 inductor; accuracy per request on the valid frames
+only: max |out - ref| / max |ref| against the same weights in fp32 eager (the worst request is reported).
+--device cpu: the same logic once on a tiny model, untimed (a smoke test of dynamic shapes through the passes).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+FRAMES_PER_S = 100
+
+
+def traffic(n: int, batches: list[int], min_s: float, max_s: float, bucket: int, seed: int
+            ) -> list[tuple[int, int, list[int]]]:
+    """`n` requests (batch, padded frames, per-utterance lengths longest first), seeded."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        b = batches[i % len(batches)]
+        lens = sorted((rng.randint(int(min_s * FRAMES_PER_S), int(max_s * FRAMES_PER_S)) for _ in range(b)),
+                      reverse=True)
+        t = lens[0] if bucket <= 1 else -(-lens[0] // bucket) * bucket
+        out.append((b, t, lens))
+    return out
+
+
+def make_inputs(req, n_mels: int, dtype, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    b, t, lens = req
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(b, t, n_mels, generator=g)
+    for i, n in enumerate(lens):  # padded frames are zeros, as a feature pipeline pads
+        feats[i, n:] = 0
+    return feats.to(device=device, dtype=dtype), torch.tensor(lens, dtype=torch.int64, device=device)
+
+
+def rel_err_valid(out: torch.Tensor, out_lens: torch.Tensor, ref: torch.Tensor) -> float:
+    valid = torch.arange(out.shape[1], device=out.device)[None, :] < out_lens[:, None]
+    d = (out.float() - ref.float()).abs()[valid]
+    return float(d.max() / ref.float().abs()[valid].max())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="examples.conformer:build_model")
+    p.add_argument("--model-args", default="size=M")
+    p.add_argument("--n-mels", type=int, default=80)
+    p.add_argument("--batches", default="1,4,16")
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--min-s", type=float, default=2.0)
+    p.add_argument("--max-s", type=float, default=20.0)
+    p.add_argument("--bucket-frames", type=int, default=0, help="round each batch's padded length up to this")
+    p.add_argument("--calib", type=int, default=4, help="calibration batches for the int8 variant")
+    p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default="fp16,fp16-oasr,int8")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    import oasr_ops
+    from e2e_compare import _kwargs, _load
+    from oasr_ops.inductor.backend import oasr_backend
+    from torch._dynamo.utils import counters
+
+    dev, cuda = a.device, a.device == "cuda"
+    build, margs = _load(a.model), _kwargs(a.model_args)
+    batches = [int(b) for b in a.batches.split(",")]
+    reqs = traffic(a.requests, batches, a.min_s, a.max_s, a.bucket_frames, a.seed)
+    inputs = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 1000 + i) for i, r in enumerate(reqs)]
+    model = build(**margs, dtype=torch.float16, device=dev, seed=0).eval()
+    ref_model = build(**margs, dtype=torch.float32, device=dev, seed=0).eval()
+    with torch.no_grad():
+        refs = [ref_model(x.float(), n)[0].float() for x, n in inputs]
+    del ref_model
+    print(f"traffic: {len(reqs)} requests, batches {batches}, padded frames "
+          f"{min(r[1] for r in reqs)}-{max(r[1] for r in reqs)}, {len({(r[0], r[1]) for r in reqs})} distinct shapes",
+          flush=True)
+
+    variants: dict = {}
+    names = a.variants.split(",")
+    if "fp16" in names:
+        variants["fp16"] = (copy.deepcopy(model), "inductor", None)
+    if "fp16-oasr" in names:
+        variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {})
+    if "int8" in names:
+        calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
+        calib = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
+        flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
+        q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
+        oasr_ops.calibrate(q, calib)
+        variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True})
+    res: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+                 "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model, "model_args": margs, "mode": a.mode,
+                 "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,
+                 "first_call_s": {}, "warm_pass_s": {}, "graphs": {}, "worst_rel_err": {}, "pass_ms": {},
+                 "per_batch_ms": {}}
+    fns = {}
+    with torch.no_grad():
+        for name, (m, backend, opts) in variants.items():
+            torch.compiler.reset()
+            counters.clear()
+            kw = {"mode": a.mode} if backend == "inductor" else {"options": {**opts, "mode": a.mode}}
+            fn = torch.compile(m, backend=backend, dynamic=True, **kw)
+            t0 = time.perf_counter()
+            fn(*inputs[0])
+            if cuda:
+                torch.cuda.synchronize()
+            res["first_call_s"][name] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            errs = []
+            for (x, n), ref in zip(inputs, refs):
+                out, out_lens = fn(x, n)
+                errs.append(rel_err_valid(out, out_lens, ref))
+            if cuda:
+                torch.cuda.synchronize()
+            res["warm_pass_s"][name] = time.perf_counter() - t0
+            res["graphs"][name] = int(counters["stats"]["unique_graphs"])
+            res["worst_rel_err"][name] = max(errs)
+            res.setdefault("rel_err", {})[name] = errs
+            print(f"{name}: first call {res['first_call_s'][name]:.1f} s, warm pass {res['warm_pass_s'][name]:.1f} s, "
+                  f"{res['graphs'][name]} graph(s), worst rel. err {max(errs):.3g}", flush=True)
+            fns[name] = fn
+        for r in range(a.rounds if cuda else 0):
+            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                ts = []
+                for x, n in inputs:
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    fns[name](x, n)
+                    e.record()
+                    e.synchronize()
+                    ts.append(s.elapsed_time(e))
+                res["pass_ms"].setdefault(name, []).append(sum(ts))
+                res.setdefault("request_ms", {}).setdefault(name, []).append(ts)
+            print(f"round {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
+    if cuda and a.rounds:
+        summ = {}
+        for name in fns:
+            summ[name] = {"pass_ms": statistics.median(res["pass_ms"][name])}
+            for b in batches:  # per batch size: the median over rounds of that size's summed request times
+                idx = [i for i, r in enumerate(reqs) if r[0] == b]
+                per = [sum(rt[i] for i in idx) for rt in res["request_ms"][name]]
+                summ[name][f"b{b}_ms"] = statistics.median(per)
+        base = summ.get("fp16")
+        if base:
+            for name in fns:
+                if name != "fp16":
+                    summ[name]["vs_fp16"] = base["pass_ms"] / summ[name]["pass_ms"]
+                    for b in batches:
+                        summ[name][f"b{b}_vs_fp16"] = base[f"b{b}_ms"] / summ[name][f"b{b}_ms"]
+        res["summary"] = summ
+        print(json.dumps(summ, indent=1), flush=True)
+    res["tuning_report"] = oasr_ops.tuning_report(print_=False)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
