@@ -32,6 +32,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -70,6 +71,60 @@ def rel_err_valid(out: torch.Tensor, out_lens: torch.Tensor, ref: torch.Tensor) 
     return float(d.max() / ref.float().abs()[valid].max())
 
 
+def serve_all(variants: dict, inputs: list, refs: list, mode: str, rounds: int, cuda: bool, res: dict) -> dict:
+    """Compile each variant once (dynamic=True), warm it on the whole traffic (errors vs fp32), then `rounds`
+    alternating timed passes; fills `res`, returns {name: compiled fn}."""
+    from torch._dynamo.utils import counters
+
+    fns = {}
+    # One Dynamo state for all variants (a reset would drop the earlier variants' code: they would recompile in the
+    # timed rounds); backends are part of the guards, so the variants never share a graph. Each variant holds two
+    # entries of the encoder's forward (batch 1 is specialised), so the cache limit is raised above the default 8.
+    torch.compiler.reset()
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    graphs = lambda: int(counters["stats"]["unique_graphs"])  # noqa: E731
+    with torch.no_grad():
+        for name, (m, backend, opts) in variants.items():
+            before = graphs()
+            kw = {"mode": mode} if backend == "inductor" else {"options": {**opts, "mode": mode}}
+            fn = torch.compile(m, backend=backend, dynamic=True, **kw)
+            t0 = time.perf_counter()
+            fn(*inputs[0])
+            if cuda:
+                torch.cuda.synchronize()
+            res["first_call_s"][name] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            errs = []
+            for (x, n), ref in zip(inputs, refs):
+                out, out_lens = fn(x, n)
+                errs.append(rel_err_valid(out, out_lens, ref))
+            if cuda:
+                torch.cuda.synchronize()
+            res["warm_pass_s"][name] = time.perf_counter() - t0
+            res["graphs"][name] = graphs() - before
+            res["worst_rel_err"][name] = max(errs)
+            res.setdefault("rel_err", {})[name] = errs
+            print(f"{name}: first call {res['first_call_s'][name]:.1f} s, warm pass {res['warm_pass_s'][name]:.1f} s, "
+                  f"{res['graphs'][name]} graph(s), worst rel. err {max(errs):.3g}", flush=True)
+            fns[name] = fn
+        before = graphs()
+        for r in range(rounds if cuda else 0):
+            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                ts = []
+                for x, n in inputs:
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    fns[name](x, n)
+                    e.record()
+                    e.synchronize()
+                    ts.append(s.elapsed_time(e))
+                res["pass_ms"].setdefault(name, []).append(sum(ts))
+                res.setdefault("request_ms", {}).setdefault(name, []).append(ts)
+            print(f"round {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
+        res["graphs_compiled_in_timed_rounds"] = graphs() - before  # 0: no length recompiled after the warm pass
+    return fns
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="examples.conformer:build_model")
@@ -84,6 +139,8 @@ def main() -> int:
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="fp16,fp16-oasr,int8")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="cProfile N calls of each variant on the first request after the rounds (host time per op)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
@@ -92,7 +149,6 @@ def main() -> int:
     import oasr_ops
     from e2e_compare import _kwargs, _load
     from oasr_ops.inductor.backend import oasr_backend
-    from torch._dynamo.utils import counters
 
     dev, cuda = a.device, a.device == "cuda"
     build, margs = _load(a.model), _kwargs(a.model_args)
@@ -126,45 +182,18 @@ def main() -> int:
                  "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,
                  "first_call_s": {}, "warm_pass_s": {}, "graphs": {}, "worst_rel_err": {}, "pass_ms": {},
                  "per_batch_ms": {}}
-    fns = {}
-    with torch.no_grad():
-        for name, (m, backend, opts) in variants.items():
-            torch.compiler.reset()
-            counters.clear()
-            kw = {"mode": a.mode} if backend == "inductor" else {"options": {**opts, "mode": a.mode}}
-            fn = torch.compile(m, backend=backend, dynamic=True, **kw)
-            t0 = time.perf_counter()
-            fn(*inputs[0])
-            if cuda:
-                torch.cuda.synchronize()
-            res["first_call_s"][name] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            errs = []
-            for (x, n), ref in zip(inputs, refs):
-                out, out_lens = fn(x, n)
-                errs.append(rel_err_valid(out, out_lens, ref))
-            if cuda:
-                torch.cuda.synchronize()
-            res["warm_pass_s"][name] = time.perf_counter() - t0
-            res["graphs"][name] = int(counters["stats"]["unique_graphs"])
-            res["worst_rel_err"][name] = max(errs)
-            res.setdefault("rel_err", {})[name] = errs
-            print(f"{name}: first call {res['first_call_s'][name]:.1f} s, warm pass {res['warm_pass_s'][name]:.1f} s, "
-                  f"{res['graphs'][name]} graph(s), worst rel. err {max(errs):.3g}", flush=True)
-            fns[name] = fn
-        for r in range(a.rounds if cuda else 0):
-            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                ts = []
-                for x, n in inputs:
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    fns[name](x, n)
-                    e.record()
-                    e.synchronize()
-                    ts.append(s.elapsed_time(e))
-                res["pass_ms"].setdefault(name, []).append(sum(ts))
-                res.setdefault("request_ms", {}).setdefault(name, []).append(ts)
-            print(f"round {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
+    with warnings.catch_warnings(record=True) as seen:  # a fallback (a kernel not prebuilt, ...) warns once
+        warnings.simplefilter("always")
+        fns = serve_all(variants, inputs, refs, a.mode, a.rounds, cuda, res)
+    if cuda and a.host_profile:
+        from e2e_int8_fused import host_profile
+
+        with torch.no_grad():
+            res["host_profile"] = {n: host_profile(fn, inputs[0], a.host_profile, top=40) for n, fn in fns.items()}
+        for n, hp in res["host_profile"].items():
+            print(f"{n}: host {hp['ms_per_call']:.2f} ms per call (cProfile); top own time:", flush=True)
+            for row in hp["top_own"][:15]:
+                print(f"   {row['own_ms_per_call']:7.3f} ms  x{row['ncalls_per_call']:6.0f}  {row['where']}", flush=True)
     if cuda and a.rounds:
         summ = {}
         for name in fns:
@@ -182,6 +211,13 @@ def main() -> int:
                         summ[name][f"b{b}_vs_fp16"] = base[f"b{b}_ms"] / summ[name][f"b{b}_ms"]
         res["summary"] = summ
         print(json.dumps(summ, indent=1), flush=True)
+    res["warnings"] = sorted({str(w.message)[:300] for w in seen if "oasr" in str(w.message)})
+    for w in res["warnings"]:
+        print("warning:", w, flush=True)
+    from oasr_ops.codegen.jit import compiled_in_process
+
+    res["jit_compiled"] = list(compiled_in_process())  # kernels nvcc built in this process (prebuilt: none)
+    print(f"kernels compiled in this process: {len(res['jit_compiled'])}", flush=True)
     res["tuning_report"] = oasr_ops.tuning_report(print_=False)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)
