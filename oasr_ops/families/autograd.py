@@ -5,23 +5,32 @@ before the oasr pass rewrote it, so training through `torch.compile(backend="oas
 
 Why not `torch.library.register_autograd` alone: its Autograd kernel runs on every call, grad or not, and costs
 three Python frames, a dataclass and an out-variant check before the redispatch — measured on the H200 at about
-2 ms per forward of an int8 Conformer M without CUDA graphs (130 op calls; docs/perf/e2e.md, "Session 11"). The
-kernel registered here does the no-grad case in one frame (grad mode and `_any_requires_grad`, both C++, then the
-redispatch below autograd) and hands the grad case to the kernel `register_autograd` builds, so the error and
-its message are torch's mechanism, unchanged."""
+2 ms per forward of an int8 Conformer M without CUDA graphs (130 op calls; docs/perf/e2e.md, "Serving traffic").
+The kernel registered here does the no-grad case in one frame (grad mode and `_any_requires_grad`, both C++) and
+hands the grad case to the kernel `register_autograd` builds, so the error and its message are torch's mechanism.
+
+The no-grad case then calls the backend implementation itself when nothing sits between autograd and the backend
+kernel — the call's keys below ADInplaceOrView (a fallthrough for these ops) are exactly one backend, CPU or CUDA,
+with a kernel registered here — instead of a redispatch (a second C++ -> Python crossing with the arguments boxed
+again, plus the below-autograd guard: ~4 us of ~11 per call on a 2-core host, benchmarks/host_overhead.py). Any
+other key there (Python: FakeTensor, a TorchDispatchMode; Functionalize; a backend without a kernel here) takes the
+redispatch, so tracing and modes see the op exactly as before. Under `torch.inference_mode()` the autograd keys are
+skipped by the dispatcher and this kernel does not run at all."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch._library.autograd import Info, make_autograd_impl
 
 _C = torch._C
+_BACKEND_KEYS = {"CPU": _C.DispatchKey.CPU, "CUDA": _C.DispatchKey.CUDA}
 
 
-def inference_only(qualname: str, lib: Any) -> None:
+def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]] | None = None) -> None:
     """Register an Autograd kernel for `qualname` ("oasr::gemm") whose backward raises a RuntimeError naming the
-    op, and whose no-grad path is one redispatch."""
+    op, and whose no-grad path calls `impls[backend]` ("CPU" / "CUDA": the kernels registered for those keys)
+    directly where the module docstring allows, else redispatches below autograd."""
     name = qualname.replace("::", ".")
 
     def backward(ctx: Any, *grads: Any) -> Any:
@@ -32,13 +41,42 @@ def inference_only(qualname: str, lib: Any) -> None:
     with_grad = make_autograd_impl(op, Info(backward, None))  # the Function whose backward raises
     redispatch = op._handle.redispatch_boxed
     below = _C._after_autograd_keyset
+    after_view = _C._after_ADInplaceOrView_keyset
+    direct = {_BACKEND_KEYS[k]: fn for k, fn in (impls or {}).items()}
+    # keyset (its raw bits) -> the implementation to call directly, or None: redispatch. A pure function of the
+    # keyset, decided once per distinct keyset (a handful per process).
+    decided: dict[int, Callable[..., Any] | None] = {}
+
+    def decide(keyset: Any) -> Callable[..., Any] | None:
+        rest = keyset & after_view
+        top = rest.highestPriorityTypeId()
+        impl = direct.get(top)
+        return impl if impl is not None and rest.raw_repr() == _C.DispatchKeySet(top).raw_repr() else None
+
     is_grad_enabled, any_requires_grad, below_autograd = _C.is_grad_enabled, _C._any_requires_grad, \
         _C._AutoDispatchBelowAutograd
 
     def autograd_kernel(keyset: Any, *args: Any) -> Any:
         if is_grad_enabled() and any_requires_grad(*args):
             return with_grad(keyset, *args)
+        raw = keyset.raw_repr()
+        try:
+            impl = decided[raw]
+        except KeyError:
+            impl = decided[raw] = decide(keyset)
+        if impl is not None:
+            return impl(*args)
         with below_autograd():
             return redispatch(keyset & below, *args)
 
     lib.impl(qualname.split("::", 1)[1], autograd_kernel, "Autograd", with_keyset=True)
+
+
+def register_inference_op(lib: Any, name: str, *, cpu: Callable[..., Any], cuda: Callable[..., Any],
+                          fake: Callable[..., Any]) -> None:
+    """An oasr op's kernels in one call: `cpu` (the reference) and `cuda` for their keys, `fake` (shapes), and the
+    inference-only Autograd kernel that calls them directly (module docstring)."""
+    lib.impl(name, cpu, "CPU")
+    lib.impl(name, cuda, "CUDA")
+    torch.library.register_fake(f"oasr::{name}", fake, lib=lib)
+    inference_only(f"oasr::{name}", lib, {"CPU": cpu, "CUDA": cuda})

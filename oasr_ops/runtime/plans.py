@@ -83,13 +83,30 @@ class WarnOnce:
         self._seen.clear()
 
 
+# (config, op, check_id) that passed `check_config_arg`: ops whose hot path checks the config on every call (a baked
+# region table names several ids, each parsed and validated: ~30 us per call on a 2-core host before this memo).
+# Bounded: a process sees few distinct config strings (one per graph site at most); past the bound it stops adding.
+_CONFIGS_OK: set[tuple] = set()
+_CONFIGS_OK_MAX = 65536
+
+
 def check_config_arg(config: str, op: str = "gemm", check_id: Callable[[Config], str | None] | None = None) -> None:
     """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, a parseable id or a well-formed region
-    table; `check_id(cfg)` says why a parsed id is not one of the op's family (None: it is). Shared by every op."""
+    table; `check_id(cfg)` says why a parsed id is not one of the op's family (None: it is). Shared by every op.
+    A string that passed once passes again at the cost of a set lookup (the checks are pure functions of it)."""
     if not isinstance(config, str):
         raise ValueError(f"oasr.{op}: config must be a string")
     if config == AUTO or config in SENTINELS:
         return
+    key = (config, op, check_id)
+    if key in _CONFIGS_OK:
+        return
+    _check_config_string(config, op, check_id)
+    if len(_CONFIGS_OK) < _CONFIGS_OK_MAX:
+        _CONFIGS_OK.add(key)
+
+
+def _check_config_string(config: str, op: str, check_id: Callable[[Config], str | None] | None) -> None:
     if config.startswith(_TABLE_PREFIX):
         try:
             ids = [cid for _hi, cid in parse_table(config) if cid not in SENTINELS]

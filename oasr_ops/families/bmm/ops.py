@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...codegen.jit import KernelCache, KernelLibrary, load_launcher
 from ...configs import Config
 from ...runtime import database as _database
@@ -270,10 +270,7 @@ def _bmm_cuda(a, b, config):
     return plan.run(a, b)
 
 
-_lib.impl("bmm", _bmm_cpu, "CPU")
-_lib.impl("bmm", _bmm_cuda, "CUDA")
-torch.library.register_fake("oasr::bmm", _bmm_fake, lib=_lib)
-inference_only("oasr::bmm", _lib)
+register_inference_op(_lib, "bmm", cpu=_bmm_cpu, cuda=_bmm_cuda, fake=_bmm_fake)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear

@@ -36,7 +36,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...configs import AUTO, DW_MAX_KW, Config, parse
 from ...runtime import database as _database
 from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
@@ -298,10 +298,7 @@ def _cuda(x, w, bias, padding, layout, activation, config, glu=False):
     return plan.run(x, w, bias)
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...configs import Config, Lane
 from ...runtime import database as _database
 from ...runtime.plans import PlanCache, WarnOnce, make_plan
@@ -360,10 +360,7 @@ def _cuda(x, w, bias, stride, padding, activation, config):
     return plan.run(x, w, bias)
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...runtime.plans import WarnOnce
 from .lanes import INT8_UNTUNED_TILES as UNTUNED_TILES
 from .lanes import SM90_INT8_CONV2D
@@ -190,10 +190,7 @@ def _cuda(x, w, scale_x, scale_w, bias, stride, padding, activation, out_dtype, 
     return out
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
 
 def conv2d_int8_activation(x: torch.Tensor, w: torch.Tensor, scale_x: torch.Tensor, scale_w: torch.Tensor,

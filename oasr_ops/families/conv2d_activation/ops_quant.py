@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...runtime import database as _database
 from .ops import (_PLANS, _make_plan, _pair, check, check_config_arg, quantize_output,
                   reference_conv2d_fp32)
@@ -88,10 +88,7 @@ def _cuda(x, w, bias, stride, padding, activation, out_scale, config):
     return plan.run(x, w, bias, out_scale)
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
 
 def conv2d_activation_quant(x: torch.Tensor, w: torch.Tensor, out_scale: torch.Tensor,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ...configs import Config, ConfigError
 from ...runtime import database as _database
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...runtime.arch import current_arch_family
 from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
 from ...runtime.plans import format_table, parse_table, resolve_table  # noqa: F401  (re-exported)
@@ -232,10 +232,7 @@ def _gemm_cuda(a, w, bias, activation, config):
     return plan.run(a, w, bias)
 
 
-_lib.impl("gemm", _gemm_cpu, "CPU")
-_lib.impl("gemm", _gemm_cuda, "CUDA")
-torch.library.register_fake("oasr::gemm", _gemm_fake, lib=_lib)
-inference_only("oasr::gemm", _lib)
+register_inference_op(_lib, "gemm", cpu=_gemm_cpu, cuda=_gemm_cuda, fake=_gemm_fake)
 
 
 def served() -> list[Plan]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...codegen.render_layer_norm_quant import SCHEMES, SPACE, LnqConfig, parse_lnq  # noqa: F401
 from ...runtime.plans import WarnOnce
 
@@ -111,19 +111,47 @@ def _fake(x, weight, bias, eps, normalized, scheme, config):
             x.new_empty(x.shape if normalized else (0,)))
 
 
-def _cuda(x, weight, bias, eps, normalized, scheme, config):
+# A call's launch decided once per (x, weight and bias metadata, eps, normalized, scheme, config): the checks, the
+# config, the kernel load and its can_implement ran when it was decided (each ~2-10 us per call otherwise: a serving
+# process calls this op ~30 times per forward). Value: (config, kernel), or None where the reference serves it.
+_LAUNCHES: dict[tuple, tuple | None] = {}
+_LAUNCHES_MAX = 4096  # distinct shapes; past it the cache starts over (a service sees a bounded set of lengths)
+
+
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.dtype, t.shape, t.device, t.is_contiguous())
+
+
+def _decide(x, weight, bias, eps, scheme, config) -> tuple | None:
     _check(x, weight, bias, eps, scheme, config)
     _check_layout(x, weight, bias)
     n = x.shape[-1]
     m = x.numel() // n
     cfg = auto_config(n) if config == "auto" else parse_lnq(config)
-    kern = None
-    if x.dtype != torch.float32 and m > 0 and cfg is not None and n <= cfg.max_width:
-        from .kernels import get_kernel
+    if x.dtype == torch.float32 or m == 0 or cfg is None or n > cfg.max_width:
+        return None
+    from .kernels import get_kernel
 
-        kern = get_kernel(cfg, x.dtype, scheme, x.device)
+    kern = get_kernel(cfg, x.dtype, scheme, x.device)
     if kern is None or kern.can_implement(m, n) != 0:
+        return None
+    return cfg, kern
+
+
+def _cuda(x, weight, bias, eps, normalized, scheme, config):
+    key = (*_meta(x), _meta(weight), _meta(bias), eps, normalized, scheme, config)
+    try:
+        launch = _LAUNCHES[key]
+    except KeyError:
+        launch = _decide(x, weight, bias, eps, scheme, config)
+        if len(_LAUNCHES) >= _LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = launch
+    if launch is None:
         return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
+    cfg, kern = launch
+    n = x.shape[-1]
+    m = x.numel() // n
     q = torch.empty(x.shape, dtype=_QDTYPE[scheme], device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
     y = torch.empty_like(x) if normalized else x.new_empty((0,))
@@ -140,10 +168,7 @@ def _cuda(x, weight, bias, eps, normalized, scheme, config):
     return q, scale, y
 
 
-_lib.impl("layer_norm_quant", _cpu, "CPU")
-_lib.impl("layer_norm_quant", _cuda, "CUDA")
-torch.library.register_fake("oasr::layer_norm_quant", _fake, lib=_lib)
-inference_only("oasr::layer_norm_quant", _lib)
+register_inference_op(_lib, "layer_norm_quant", cpu=_cpu, cuda=_cuda, fake=_fake)
 
 
 def layer_norm_quant(x, weight=None, bias=None, eps: float = 1e-5, normalized: bool = False,

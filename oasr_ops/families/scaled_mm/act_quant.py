@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
@@ -167,10 +167,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
 
-_lib.impl("scaled_mm_act_quant", _cpu, "CPU")
-_lib.impl("scaled_mm_act_quant", _cuda, "CUDA")
-torch.library.register_fake("oasr::scaled_mm_act_quant", _fake, lib=_lib)
-inference_only("oasr::scaled_mm_act_quant", _lib)
+register_inference_op(_lib, "scaled_mm_act_quant", cpu=_cpu, cuda=_cuda, fake=_fake)
 reset_plans = _PLANS.clear
 
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...codegen.jit import BuildError, LoadError
 from ...configs import Config, ConfigError
 from ...runtime import database as _database
@@ -432,14 +432,10 @@ def _scaled_mm_quant_cuda(a, w, scale_a, scale_w, bias, out_scale, config):
     return _cuda("scaled_mm_quant", a, w, scale_a, scale_w, bias, None, out_scale, config)
 
 
-_lib.impl("scaled_mm", _scaled_mm_cpu, "CPU")
-_lib.impl("scaled_mm", _scaled_mm_cuda, "CUDA")
-_lib.impl("scaled_mm_quant", _scaled_mm_quant_cpu, "CPU")
-_lib.impl("scaled_mm_quant", _scaled_mm_quant_cuda, "CUDA")
-torch.library.register_fake("oasr::scaled_mm", _scaled_mm_fake, lib=_lib)
-torch.library.register_fake("oasr::scaled_mm_quant", _scaled_mm_quant_fake, lib=_lib)
-inference_only("oasr::scaled_mm", _lib)
-inference_only("oasr::scaled_mm_quant", _lib)
+register_inference_op(_lib, "scaled_mm", cpu=_scaled_mm_cpu, cuda=_scaled_mm_cuda,
+                      fake=_scaled_mm_fake)
+register_inference_op(_lib, "scaled_mm_quant", cpu=_scaled_mm_quant_cpu, cuda=_scaled_mm_quant_cuda,
+                      fake=_scaled_mm_quant_fake)
 
 
 served = _PLANS.served

@@ -31,7 +31,7 @@ import struct
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...configs import SENTINELS, parse
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, WarnOnce, check_config_arg, make_plan
@@ -151,10 +151,7 @@ def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
     return plan.run(a, w, scale_a, scale_w, bias, (residual, alpha))
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 reset_plans = _PLANS.clear
 served = _PLANS.served
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation, epilogue_fma_fp32
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
 from ..scaled_mm.out_scale import check_out_scale
@@ -143,10 +143,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
 
-_lib.impl(OP, _cpu, "CPU")
-_lib.impl(OP, _cuda, "CUDA")
-torch.library.register_fake(f"oasr::{OP}", _fake, lib=_lib)
-inference_only(f"oasr::{OP}", _lib)
+register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 reset_plans = _PLANS.clear
 
 

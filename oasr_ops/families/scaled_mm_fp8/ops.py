@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import inference_only
+from ..autograd import register_inference_op
 from ...codegen.jit import BuildError, LoadError
 from ...configs import SENTINELS, Config, ConfigError
 from ...configs import parse as parse_config
@@ -305,14 +305,10 @@ def _scaled_mm_fp8_quant_cuda(a, w, scale_a, scale_w, bias, out_scale, config):
     return _cuda("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, None, out_scale, config)
 
 
-_lib.impl("scaled_mm_fp8", _scaled_mm_fp8_cpu, "CPU")
-_lib.impl("scaled_mm_fp8", _scaled_mm_fp8_cuda, "CUDA")
-_lib.impl("scaled_mm_fp8_quant", _scaled_mm_fp8_quant_cpu, "CPU")
-_lib.impl("scaled_mm_fp8_quant", _scaled_mm_fp8_quant_cuda, "CUDA")
-torch.library.register_fake("oasr::scaled_mm_fp8", _scaled_mm_fp8_fake, lib=_lib)
-torch.library.register_fake("oasr::scaled_mm_fp8_quant", _scaled_mm_fp8_quant_fake, lib=_lib)
-inference_only("oasr::scaled_mm_fp8", _lib)
-inference_only("oasr::scaled_mm_fp8_quant", _lib)
+register_inference_op(_lib, "scaled_mm_fp8", cpu=_scaled_mm_fp8_cpu, cuda=_scaled_mm_fp8_cuda,
+                      fake=_scaled_mm_fp8_fake)
+register_inference_op(_lib, "scaled_mm_fp8_quant", cpu=_scaled_mm_fp8_quant_cpu, cuda=_scaled_mm_fp8_quant_cuda,
+                      fake=_scaled_mm_fp8_quant_fake)
 
 served = _PLANS.served
 reset_plans = _PLANS.clear
