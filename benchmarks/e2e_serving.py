@@ -21,11 +21,17 @@ Dynamo's graph count, then --rounds timed passes over the whole traffic, variant
 round), each request timed synchronously with CUDA events (its latency as a caller sees it). Reported: total ms
 per pass (median over rounds), per batch size, ratios vs fp16 inductor; accuracy per request on the valid frames
 only: max |out - ref| / max |ref| against the same weights in fp32 eager (the worst request is reported).
+Diagnostics (each after the rounds, outside them): --launch-profile N (the smallest and the largest request
+repeated: wall ms back to back and synchronous, profiler device time, launches per call, the ops with the most CPU
+time: host-bound or GPU-bound?), --cycle-profile N (the requests in turn vs each repeated: do shape changes cost?
+device allocations per request), --host-profile N (cProfile), --always-warnings-round (one more round recording
+every warning, as the method before session 13 did).
 --device cpu: the same logic once on a tiny model, untimed (a smoke test of dynamic shapes through the passes).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import random
@@ -71,9 +77,9 @@ def rel_err_valid(out: torch.Tensor, out_lens: torch.Tensor, ref: torch.Tensor) 
     return float(d.max() / ref.float().abs()[valid].max())
 
 
-def serve_all(variants: dict, inputs: list, refs: list, mode: str, rounds: int, cuda: bool, res: dict) -> dict:
-    """Compile each variant once (dynamic=True), warm it on the whole traffic (errors vs fp32), then `rounds`
-    alternating timed passes; fills `res`, returns {name: compiled fn}."""
+def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, res: dict) -> dict:
+    """Compile each variant once (dynamic=True) and warm it on the whole traffic (errors vs fp32); fills `res`,
+    returns {name: compiled fn}."""
     from torch._dynamo.utils import counters
 
     fns = {}
@@ -110,8 +116,17 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, rounds: int, 
             print(f"{name}: first call {res['first_call_s'][name]:.1f} s, warm pass {res['warm_pass_s'][name]:.1f} s, "
                   f"{res['graphs'][name]} graph(s), worst rel. err {max(errs):.3g}", flush=True)
             fns[name] = fn
-        before = graphs()
-        for r in range(rounds if cuda else 0):
+    return fns
+
+
+def timed_rounds(fns: dict, inputs: list, rounds: int, res: dict, label: str = "round") -> None:
+    """`rounds` timed passes over the traffic, variants alternating (order reversed every other round); each request
+    timed synchronously with CUDA events. Fills res["pass_ms"] / res["request_ms"] and the recompile count."""
+    from torch._dynamo.utils import counters
+
+    before = int(counters["stats"]["unique_graphs"])
+    with torch.no_grad():
+        for r in range(rounds):
             for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
                 ts = []
                 for x, n in inputs:
@@ -123,9 +138,102 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, rounds: int, 
                     ts.append(s.elapsed_time(e))
                 res["pass_ms"].setdefault(name, []).append(sum(ts))
                 res.setdefault("request_ms", {}).setdefault(name, []).append(ts)
-            print(f"round {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
-        res["graphs_compiled_in_timed_rounds"] = graphs() - before  # 0: no length recompiled after the warm pass
-    return fns
+            print(f"{label} {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
+    # 0: no length recompiled after the warm pass
+    res["graphs_compiled_in_timed_rounds"] = int(counters["stats"]["unique_graphs"]) - before
+
+
+_LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+                "cudaGraphLaunch")
+
+
+def launch_profile(fn, x, n, calls: int, top: int = 25) -> dict:
+    """Where a call's time goes without CUDA graphs: per call, the kernel launches (runtime API calls), the GPU
+    kernel time (torch.profiler), the wall time of `calls` back-to-back calls without the profiler (one sync at the
+    end) and of one synchronous call; the ops with the most CPU time (oasr::* and aten::*, children included).
+    wall >> GPU time: the call is host-bound, and host time per op is what decides it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x, n)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(x, n)
+        torch.cuda.synchronize()
+        pipelined = (time.perf_counter() - t0) / calls
+        syncs = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn(x, n)
+            torch.cuda.synchronize()
+            syncs.append(time.perf_counter() - t0)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(x, n)
+            torch.cuda.synchronize()
+    rows = prof.key_averages()
+
+    def dev_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+    launches = sum(e.count for e in rows if e.key in _LAUNCH_APIS)
+    ops = sorted((e for e in rows if e.key.startswith(("oasr::", "aten::"))), key=lambda e: -e.cpu_time_total)
+    kernels = sorted((e for e in rows if dev_us(e) > 0), key=lambda e: -dev_us(e))
+    return {"batch": int(x.shape[0]), "frames": int(x.shape[1]), "calls": calls,
+            "wall_ms_pipelined": 1e3 * pipelined, "wall_ms_sync": 1e3 * statistics.median(syncs),
+            "gpu_ms": sum(dev_us(e) for e in rows) / 1e3 / calls,
+            "launches": launches / calls,
+            "top_ops": [{"op": e.key, "per_call": e.count / calls, "cpu_us_per_call": e.cpu_time_total / calls}
+                        for e in ops[:top]],
+            "top_kernels": [{"kernel": e.key[:120], "per_call": e.count / calls, "gpu_us_per_call": dev_us(e) / calls}
+                            for e in kernels[:top]]}
+
+
+def cycle_profile(fn, inputs: list, cycles: int, top: int = 25) -> dict:
+    """What changing shapes costs: each request's synchronous wall ms when the requests are served in turn (as the
+    timed rounds do) vs the same request repeated; the CUDA caching allocator's device mallocs / frees and
+    retries over the cycles; torch.profiler over the cycles: runtime API calls (cudaMalloc, launches, ...) and the
+    ops with the most CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def sync_ms(x, n) -> float:
+        t0 = time.perf_counter()
+        fn(x, n)
+        torch.cuda.synchronize()
+        return 1e3 * (time.perf_counter() - t0)
+
+    with torch.no_grad():
+        for x, n in inputs:
+            fn(x, n)
+        torch.cuda.synchronize()
+        steady = [statistics.median(sync_ms(x, n) for _ in range(cycles)) for x, n in inputs]
+        m0 = torch.cuda.memory_stats()
+        turns: list[list[float]] = [[] for _ in inputs]
+        for _ in range(cycles):
+            for i, (x, n) in enumerate(inputs):
+                turns[i].append(sync_ms(x, n))
+        m1 = torch.cuda.memory_stats()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                for x, n in inputs:
+                    fn(x, n)
+                    torch.cuda.synchronize()
+    rows = prof.key_averages()
+    per = 2 * len(inputs)
+    apis = sorted((e for e in rows if e.key.startswith(("cuda", "cu"))), key=lambda e: -e.cpu_time_total)
+    ops = sorted((e for e in rows if e.key.startswith(("oasr::", "aten::"))), key=lambda e: -e.cpu_time_total)
+    delta = {k: m1.get(k, 0) - m0.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                                                     "allocation.all.allocated", "segment.all.allocated")}
+    return {"shapes": [list(x.shape[:2]) for x, _ in inputs], "steady_ms": steady,
+            "in_turn_ms": [statistics.median(t) for t in turns], "cycles": cycles,
+            "allocator_delta_per_request": {k: v / (cycles * len(inputs)) for k, v in delta.items()},
+            "reserved_gb": torch.cuda.memory_reserved() / 2**30,
+            "runtime_apis": [{"api": e.key, "per_request": e.count / per, "cpu_us_per_request": e.cpu_time_total / per}
+                             for e in apis[:top]],
+            "top_ops": [{"op": e.key, "per_request": e.count / per, "cpu_us_per_request": e.cpu_time_total / per}
+                        for e in ops[:top]]}
 
 
 def main() -> int:
@@ -144,6 +252,13 @@ def main() -> int:
     p.add_argument("--variants", default="fp16,fp16-oasr,int8")
     p.add_argument("--host-profile", type=int, default=0,
                    help="cProfile N calls of each variant on the first request after the rounds (host time per op)")
+    p.add_argument("--launch-profile", type=int, default=0,
+                   help="torch.profiler over N calls of each variant on the smallest and the largest request: "
+                        "launches, GPU time and wall time per call, top ops by CPU time")
+    p.add_argument("--cycle-profile", type=int, default=0,
+                   help="serve the requests in turn N times vs each repeated: the cost of changing shapes")
+    p.add_argument("--always-warnings-round", action="store_true",
+                   help="one more timed round under warnings.simplefilter('always') (the old method's filter)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
@@ -185,9 +300,24 @@ def main() -> int:
                  "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,
                  "first_call_s": {}, "warm_pass_s": {}, "graphs": {}, "worst_rel_err": {}, "pass_ms": {},
                  "per_batch_ms": {}}
-    with warnings.catch_warnings(record=True) as seen:  # a fallback (a kernel not prebuilt, ...) warns once
+    # Compile and warm-up record every warning (a fallback — a kernel not prebuilt, ... — warns once, there); the
+    # timed rounds run under the process's own filters, as a service does: under "always", warnings that torch emits
+    # on every call would be recorded in the timed path (--always-warnings-round measures what that costs).
+    with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        fns = serve_all(variants, inputs, refs, a.mode, a.rounds, cuda, res)
+        fns = serve_all(variants, inputs, refs, a.mode, cuda, res)
+    if cuda:
+        timed_rounds(fns, inputs, a.rounds, res)
+    if cuda and a.always_warnings_round:
+        noisy_res: dict = {"pass_ms": {}}
+        with warnings.catch_warnings(record=True) as noisy:
+            warnings.simplefilter("always")
+            timed_rounds(fns, inputs, 1, noisy_res, label="round with warnings.simplefilter('always')")
+        counts = collections.Counter(f"{w.category.__name__}: {str(w.message)[:160]}" for w in noisy)
+        res["always_warnings_round"] = {"pass_ms": {k: v[0] for k, v in noisy_res["pass_ms"].items()},
+                                        "warnings": len(noisy), "top": counts.most_common(10)}
+        print(f"warnings recorded in that round: {len(noisy)}; top: {res['always_warnings_round']['top'][:5]}",
+              flush=True)
     if cuda and a.host_profile:
         from e2e_int8_fused import host_profile
 
@@ -197,6 +327,28 @@ def main() -> int:
             print(f"{n}: host {hp['ms_per_call']:.2f} ms per call (cProfile); top own time:", flush=True)
             for row in hp["top_own"][:15]:
                 print(f"   {row['own_ms_per_call']:7.3f} ms  x{row['ncalls_per_call']:6.0f}  {row['where']}", flush=True)
+    if cuda and a.launch_profile:
+        sizes = [r[0] * r[1] for r in reqs]
+        picks = sorted({sizes.index(min(sizes)), sizes.index(max(sizes))})
+        res["launch_profile"] = {n: [launch_profile(fn, *inputs[i], a.launch_profile) for i in picks]
+                                 for n, fn in fns.items()}
+        for n, lps in res["launch_profile"].items():
+            for lp in lps:
+                print(f"{n} B={lp['batch']} T={lp['frames']}: wall {lp['wall_ms_pipelined']:.2f} ms back to back, "
+                      f"{lp['wall_ms_sync']:.2f} ms synchronous; GPU {lp['gpu_ms']:.2f} ms; "
+                      f"{lp['launches']:.0f} launches per call", flush=True)
+                for row in lp["top_ops"][:12]:
+                    print(f"   {row['cpu_us_per_call']:9.1f} us  x{row['per_call']:5.0f}  {row['op']}", flush=True)
+    if cuda and a.cycle_profile:
+        res["cycle_profile"] = {n: cycle_profile(fn, inputs, a.cycle_profile) for n, fn in fns.items()}
+        for n, cp in res["cycle_profile"].items():
+            print(f"{n}: steady ms {[round(t, 2) for t in cp['steady_ms']]}, in turn "
+                  f"{[round(t, 2) for t in cp['in_turn_ms']]}; allocator per request "
+                  f"{ {k: round(v, 2) for k, v in cp['allocator_delta_per_request'].items()} }", flush=True)
+            for row in cp["runtime_apis"][:8]:
+                print(f"   {row['cpu_us_per_request']:9.1f} us  x{row['per_request']:6.1f}  {row['api']}", flush=True)
+            for row in cp["top_ops"][:8]:
+                print(f"   {row['cpu_us_per_request']:9.1f} us  x{row['per_request']:6.1f}  {row['op']}", flush=True)
     if cuda and a.rounds:
         summ = {}
         for name in fns:

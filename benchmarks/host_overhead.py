@@ -3,8 +3,8 @@
   python benchmarks/host_overhead.py [--calls 2000] [--blocks 15] [--out host_overhead.json]
   python benchmarks/host_overhead.py --device cuda --out host_overhead_cuda.json      (the GPU machine)
 
-Without CUDA graphs a served model is host-bound at small batches (docs/perf/e2e.md, "Serving traffic"): every op
-call's Python costs count. This runs each family's real CUDA implementation (`_cuda` of the op: checks, plan
+Without CUDA graphs a served model is host-bound at small batches (docs/perf/e2e.md, "Serving traffic without CUDA
+graphs"): every op call's Python costs count. This runs each family's real CUDA implementation (`_cuda` of the op: checks, plan
 lookup, output allocation, the ctypes launch with its argument range checks) on CPU tensors, with the kernel
 library replaced by a stub `.so` (gcc) that exports the same C symbols and returns 0 at once — so everything up to
 and including the ctypes call is the production code; the kernel itself, the CUDA caching allocator and
@@ -118,6 +118,11 @@ def _cases(device: str, m: int):
     sa = torch.rand(m, generator=g).add(0.01).to(device)
     return [
         ("gemm", "oasr::gemm", gemm._gemm_cuda, (a16, t(f, d), t(f), "none", table(gemm_id))),
+        # the torch arm (the DB answers cuBLAS: most sites of a small batch) on 2-D rows, as a compiled graph calls it,
+        # and a tiny GEMM so that the matmul itself costs little; `aten/addmm_small` is what Inductor's own graph
+        # calls for such a site
+        ("gemm_torch_arm", "oasr::gemm", gemm._gemm_cuda,
+         (t(1, 16), t(16, 16), t(16), "none", format_table([(4096, "torch"), (None, gemm_id)]))),
         ("scaled_mm", "oasr::scaled_mm", smm._scaled_mm_cuda,
          (a8, t(f, d, dtype=torch.int8), sa, torch.rand(f, generator=g).to(device), t(f), torch.float16,
           table(smm_id))),
@@ -205,10 +210,13 @@ def main() -> None:
                                  sync)
         results["aten/empty"] = _time({"op": lambda: torch.empty((m, 2048), dtype=torch.float16)}, (), args.calls,
                                       args.blocks, sync)
+    mirrors: dict[str, object] = {}
     with torch.no_grad():
         for name, qualname, impl, op_args in _cases(device, m):
             if device == "cpu":
-                fns = {"impl": impl, "op": _mirror(lib, qualname, impl, "CPU")}
+                if qualname not in mirrors:  # one mirror per op (its kernel is the same `_cuda` function)
+                    mirrors[qualname] = _mirror(lib, qualname, impl, "CPU")
+                fns = {"impl": impl, "op": mirrors[qualname]}
             else:
                 fns = {"op": torch._library.utils.lookup_op(qualname)}
             row = _time(fns, op_args, args.calls, args.blocks, sync)
@@ -224,7 +232,16 @@ def main() -> None:
                                            sync)
             results["aten/layer_norm"] = _time({"op": lambda t: torch.nn.functional.layer_norm(t, (d,), ln_w, ln_b)},
                                                (x,), args.calls, args.blocks, sync)
-    for name in ("floor", "aten/empty", "aten/linear", "aten/layer_norm"):
+    with torch.no_grad():  # the torch arm's baselines: what Inductor calls for a Linear site (2-D addmm into its
+        # buffer), and F.linear
+        sx, sw, sb = (torch.randn(1, 16).half().to(device), torch.randn(16, 16).half().to(device),
+                      torch.randn(16).half().to(device))
+        sx2, swt, sout = sx, sw.t(), torch.empty(1, 16, dtype=torch.float16, device=device)
+        results["aten/addmm_small"] = _time({"op": lambda: torch.addmm(sb, sx2, swt, out=sout)}, (), args.calls,
+                                            args.blocks, sync)
+        results["aten/linear_small"] = _time({"op": torch.nn.functional.linear}, (sx, sw, sb), args.calls,
+                                             args.blocks, sync)
+    for name in ("floor", "aten/empty", "aten/linear", "aten/layer_norm", "aten/addmm_small", "aten/linear_small"):
         if name in results:
             print(f"{name:22s} op {results[name]['op']:6.2f} us")
     if args.out:

@@ -88,6 +88,21 @@ def test_int8_conv_untuned_tiles_are_prebuilt(planned):
             assert name in planned, name
 
 
+def test_conv2d_untuned_answers_are_prebuilt(planned):
+    """Every config the frontend conv's untuned rule answers — the direct kernel's default and, at large M (a B=16 x
+    20 s batch), `DIRECT_LARGE` — is prebuilt in fp16/bf16 and in the int8-output variant an int8 frontend runs."""
+    from oasr_ops.families.conv2d_activation.ops import untuned_config
+
+    lane = native_lane(ARCH, "conv2d_activation")
+    answers = {untuned_config(lane, m, n, k, ARCH) for m in (1, 977, 20_000, 1 << 17, 640_000, 4_000_000)
+               for n in (64, 128, 256, 512) for k in (9, 18, 36, 72, 288)}
+    kernels = answers - set(SENTINELS)
+    assert len(kernels) > 1  # the rule answers more than one kernel over this grid: the check is not vacuous
+    missing = [(c, v) for c in kernels for v in ("fp16", "bf16", "fp16_q8", "bf16_q8")
+               if _name("conv2d_activation", c, v) not in planned]
+    assert not missing, missing
+
+
 def test_census_plans_stay_plain():
     """A tuning build's exact candidates (`configs=`) do not drag the fused variants along: the build measures the
     plain kernels only."""

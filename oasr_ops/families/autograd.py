@@ -4,8 +4,9 @@
 before the oasr pass rewrote it, so training through `torch.compile(backend="oasr")` is unaffected).
 
 Why not `torch.library.register_autograd` alone: its Autograd kernel runs on every call, grad or not, and costs
-three Python frames, a dataclass and an out-variant check before the redispatch — measured on the H200 at about
-2 ms per forward of an int8 Conformer M without CUDA graphs (130 op calls; docs/perf/e2e.md, "Serving traffic").
+three Python frames, a dataclass and an out-variant check before the redispatch — about 2 ms per forward of an
+int8 Conformer M without CUDA graphs on the H200's host (130 op calls; session 11's host profile, whose raw file
+was lost; docs/perf/e2e.md, "Serving traffic without CUDA graphs", has the per-op A/B measured since).
 The kernel registered here does the no-grad case in one frame (grad mode and `_any_requires_grad`, both C++) and
 hands the grad case to the kernel `register_autograd` builds, so the error and its message are torch's mechanism.
 

@@ -30,6 +30,7 @@ FAMILY = registry.register(registry.FamilySpec(
     dtyped=True,
     policy="heuristic",
     heuristic=ops.untuned_config,
+    production_extras=ops.untuned_ids,
     no_arch="torch",
     render=render,
     rewrite_order=-2,  # before the gemm matcher: the frontend Linear's weight is permuted first

@@ -161,6 +161,16 @@ def untuned_config(lane: Lane, m: int, n: int, k: int, arch: str) -> str:
     return "fused" if arch in FUSED_MEASURED else "torch"
 
 
+def untuned_ids(lane: Lane) -> tuple[str, ...]:
+    """Every kernel config `untuned_config` can answer on `lane` (the spec's `production_extras`): the lane default
+    and, where it was measured, `lanes.DIRECT_LARGE` — a large frontend (B=16 x 20 s: ~640k positions) runs it, so a
+    prebuilt service must hold it."""
+    ids = [lane.default.id]
+    if DIRECT_LARGE in lane.space and any(a in DIRECT_LARGE_MEASURED for a in lane.arch_families):
+        ids.append(DIRECT_LARGE.id)
+    return tuple(ids)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # reference (CPU), torch path and fake
 
