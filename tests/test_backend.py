@@ -380,3 +380,31 @@ def test_mode_may_be_given_inside_options(monkeypatch):
     with pytest.raises(RuntimeError, match="mode or options"):
         torch.compile(torch.nn.Linear(8, 8), backend=be.oasr_backend, mode="reduce-overhead",
                       options={"max_autotune": False})
+
+
+def test_one_warning_without_cuda_graphs_on_cuda(monkeypatch):
+    """A CUDA graph compiled without CUDA graphs warns once per process (host time per oasr op: docs/perf/e2e.md);
+    with mode="reduce-overhead", or on CPU inputs, it does not."""
+    import warnings
+
+    import torch._inductor.compile_fx as cfx
+
+    from oasr_ops.inductor import backend as be
+
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, example_inputs, config_patches=None: gm)
+    monkeypatch.setattr(be, "_NOTED_NO_CUDA_GRAPHS", [False])
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(8, 8))
+    x = [torch.randn(2, 8)]
+
+    def warned(**kw) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            be.oasr_backend(gm, x, **kw)
+        return [str(w.message) for w in seen if "without CUDA graphs" in str(w.message)]
+
+    assert warned() == []  # CPU inputs: nothing to say
+    monkeypatch.setattr(be, "_any_cuda", lambda inputs: True)
+    assert warned(options={"mode": "reduce-overhead"}) == []
+    first = warned()
+    assert len(first) == 1 and "reduce-overhead" in first[0]
+    assert warned() == [] and warned(options={"max_autotune": False}) == []  # once per process

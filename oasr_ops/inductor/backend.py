@@ -37,12 +37,17 @@ non-default):
   after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor's
   freezing, ``torch._inductor.config.freezing = True`` before compiling).
 
+Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors warns once per
+process: every oasr op call then pays its Python host time, which makes host-bound calls slower than Inductor's
+(`_note_without_cuda_graphs`).
+
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
 run), the graph is recorded for the tuning report (`rewrite.record_cache_hit`).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -62,6 +67,32 @@ def _config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]
     user_pass = patches.pop("post_grad_custom_pre_pass", None)
     patches["post_grad_custom_pre_pass"] = ours if user_pass is None else ChainedPass(ours, user_pass)
     return patches
+
+
+_NOTED_NO_CUDA_GRAPHS = [False]
+
+
+def _any_cuda(example_inputs: list[Any]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+
+
+def _note_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any]) -> None:
+    """One warning per process when a CUDA graph is compiled without CUDA graphs: each oasr op call then costs its
+    Python host time (~3x an aten call's), and a host-bound model (small batches; on a slow host every batch) runs
+    slower than backend="inductor" — measured on the H200: fp16 0.75x, int8 0.56x (docs/perf/e2e.md, "Serving
+    traffic without CUDA graphs"); with mode="reduce-overhead" the same models are the faster ones."""
+    import torch._inductor.config as inductor_config
+
+    if _NOTED_NO_CUDA_GRAPHS[0] or patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs):
+        return
+    if not _any_cuda(example_inputs):
+        return
+    _NOTED_NO_CUDA_GRAPHS[0] = True
+    warnings.warn('backend="oasr" without CUDA graphs: every oasr op call adds Python host time, so a host-bound '
+                  'model (small batches) can run slower than backend="inductor" (measured on the H200: 0.75x fp16, '
+                  '0.56x int8 on variable-length traffic); compile with mode="reduce-overhead" '
+                  '(options={"mode": "reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA '
+                  'graphs")', UserWarning, stacklevel=3)
 
 
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
@@ -120,8 +151,10 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
             from ..tune.prewarm import prewarm_graph
 
             prewarm_graph(gm, example_inputs, tuning)
+    patches = _config_patches(mode, opts)
+    _note_without_cuda_graphs(patches, example_inputs)
     runs = rewrite.pass_runs()
-    compiled = compile_fx(gm, example_inputs, config_patches=_config_patches(mode, opts))
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if rewrite.pass_runs() == runs:  # an FX/AOT cache hit: the pass did not run; the report re-derives the sites
         rewrite.record_cache_hit(gm, example_inputs)
     return compiled
