@@ -153,16 +153,23 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
 
 
 def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
-    _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
-    ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
-                      ("bias", bias), ("out_scale", out_scale))
-    ops.check_out_scale(out_scale)
-    n, k = w.shape
-    m = ops._rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
-    key = (config, activation, m, n, k, bias is not None, a.device, ops._epoch())
-    plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+    # the plan first; on a hit only what its key (config, activation, shape, DB epoch) does not fix is checked
+    key = ops.plan_key("scaled_mm_act_quant", a, w, bias, config, activation)
+    plan = None if key is None else _PLANS.plans.get(key)
+    if plan is None or not (ops.fast_ok(a, w, scale_a, scale_w, bias, torch.float32, key[3], key[4])
+                            and ops._vec_ok(out_scale, key[3], a.device)):
+        _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+        ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                          ("bias", bias), ("out_scale", out_scale))
+        ops.check_out_scale(out_scale)
+        n, k = w.shape
+        m = ops._rows(a, k)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
+        if plan is None:
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+    else:
+        ops.check_out_scale(out_scale)
     plan.calls += 1
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 

@@ -405,21 +405,53 @@ def get_plan(op: str, a, w, bias, config: str, out_dtype=None) -> Plan:
     return _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
 
 
+def _vec_ok(t: torch.Tensor, full: int, device: torch.device) -> bool:
+    return (t.dtype is torch.float32 and t.dim() == 1 and t.shape[0] in (1, full) and t.device == device
+            and t.is_contiguous())
+
+
+def fast_ok(a, w, scale_a, scale_w, bias, bias_dtype: torch.dtype, m: int, n: int) -> bool:
+    """The cheap subset of `_check` + `_check_layout` that, with a plan already made for the call key (op, config,
+    out dtype, M, N, K, bias or not, device, DB epoch: N and K alignment, the out dtype and the config passed the full
+    checks once), implies all of them — the family's CUDA hot path (docs/architecture.md, "How to add a kernel
+    family", step 4). False sends the call through the full checks, which raise the precise error."""
+    dev = a.device
+    return (a.dtype is torch.int8 and w.dtype is torch.int8 and w.device == dev and a.is_contiguous()
+            and w.is_contiguous() and a.shape[-1] == w.shape[1] and _vec_ok(scale_a, m, dev)
+            and _vec_ok(scale_w, n, dev)
+            and (bias is None or (bias.dtype is bias_dtype and bias.dim() == 1 and bias.shape[0] == n
+                                  and bias.device == dev and bias.is_contiguous())))
+
+
+def plan_key(op: str, a, w, bias, config: str, out_dtype) -> tuple | None:
+    """The plan-cache key of a call (None: `w` is not 2-D, the full checks say why)."""
+    if w.dim() != 2:
+        return None
+    n, k = w.shape
+    return (op, config, out_dtype, _rows(a, k), n, k, bias is not None, a.device, _epoch())
+
+
 def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
-    """Both ops' CUDA implementation: checks, the plan of (op, config, shape, DB epoch), the launch."""
-    _check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
-    _check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
-                  ("out_scale", out_scale))
+    """Both ops' CUDA implementation: the plan of (op, config, shape, DB epoch) looked up first; on a hit only what
+    its key does not fix is checked (`fast_ok`), else every check; then the launch."""
+    key = plan_key(op, a, w, bias, config, out_dtype)
+    plan = None if key is None else _plans.get(key)
+    quant = op == "scaled_mm_quant"
+    if plan is None or not (fast_ok(a, w, scale_a, scale_w, bias, torch.float32 if quant else out_dtype, key[3],
+                                    key[4]) and (not quant or _vec_ok(out_scale, key[3], a.device))):
+        _check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
+        _check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
+                      ("out_scale", out_scale))
+        n, k = w.shape
+        if _rows(a, k) == 0:
+            if out_scale is not None:
+                check_out_scale(out_scale)
+            return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm" else torch.int8)
+        if plan is None:
+            check_config_arg(config, op)
+            plan = get_plan(op, a, w, bias, config, out_dtype)
     if out_scale is not None:
         check_out_scale(out_scale)
-    n, k = w.shape
-    m = _rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm" else torch.int8)
-    plan = _plans.get((op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch()))
-    if plan is None:
-        check_config_arg(config, op)
-        plan = get_plan(op, a, w, bias, config, out_dtype)
     plan.calls += 1
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 

@@ -138,15 +138,27 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
                      torch_run=torch_run, kernel_run=kernel_run)
 
 
+def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n: int) -> bool:
+    """With a plan made for the call key, what the key does not fix (`ops.fast_ok`, plus the residual and alpha)."""
+    return (ops.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
+            and residual.device == a.device and residual.is_contiguous() and residual.dim() == a.dim()
+            and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1]
+            and not isinstance(alpha, bool) and isinstance(alpha, (int, float)) and math.isfinite(alpha)
+            and abs(alpha) <= _FP32_MAX)
+
+
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
-    _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
-    _check_layout(a, w, scale_a, scale_w, bias, residual)
-    n, k = w.shape
-    m = ops._rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
-    key = (config, out_dtype, m, n, k, bias is not None, a.device, ops._epoch())
-    plan = _PLANS.get_or_make(key, lambda: _make_plan(config, out_dtype, m, n, k))
+    key = ops.plan_key(OP, a, w, bias, config, out_dtype)
+    plan = None if key is None else _PLANS.plans.get(key)
+    if plan is None or not _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, key[3], key[4]):
+        _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
+        _check_layout(a, w, scale_a, scale_w, bias, residual)
+        n, k = w.shape
+        m = ops._rows(a, k)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
+        if plan is None:
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, out_dtype, m, n, k))
     plan.calls += 1
     return plan.run(a, w, scale_a, scale_w, bias, (residual, alpha))
 
