@@ -285,8 +285,10 @@ def _make_plan(config: str, x, w, layout: str, activation: str, glu: bool) -> Pl
 
 
 def _cuda(x, w, bias, padding, layout, activation, config, glu=False):
-    key = (config, x.dtype, w.dtype, None if bias is None else bias.dtype, x.shape, w.shape, padding, layout,
-           activation, glu, x.device, _database.epoch())
+    # Everything `_check` looks at is in the key (bias's shape and w's / bias's devices too: a bias shorter than C,
+    # or a weight left on the CPU, must not reach the kernel through a plan another call made), so a hit skips it.
+    key = (config, x.dtype, w.dtype, None if bias is None else (bias.dtype, bias.shape, bias.device), x.shape,
+           w.shape, padding, layout, activation, glu, x.device, w.device, _database.epoch())
     plan = _plans.get(key)
     if plan is None:
         _check(x, w, bias, padding, layout, activation, glu)

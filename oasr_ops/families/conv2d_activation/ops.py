@@ -354,9 +354,16 @@ def _make_plan(config: str, x, w, stride, padding, activation: str, out_shape, q
                                                         sig, out_shape, quant))
 
 
+def operand_key(x, w, bias) -> tuple:
+    """What a plan key must hold of the operands so that a hit implies `check`'s operand rules (dtypes, shapes,
+    devices; a bias of the wrong length or a weight of another dtype or device must not reach a kernel through a plan
+    another call made). Layout needs no key: `packed_operands` packs a non-contiguous operand."""
+    return (x.dtype, x.shape, x.device, w.dtype, w.shape, w.device,
+            None if bias is None else (bias.dtype, bias.shape, bias.device))
+
+
 def _cuda(x, w, bias, stride, padding, activation, config):
-    key = (config, x.dtype, None if bias is None else bias.dtype, x.shape, w.shape, tuple(stride), tuple(padding),
-           activation, x.device, _database.epoch())
+    key = (config, *operand_key(x, w, bias), tuple(stride), tuple(padding), activation, _database.epoch())
     plan = _plans.get(key)
     if plan is None:
         ho, wo = check(x, w, bias, stride, padding, activation)

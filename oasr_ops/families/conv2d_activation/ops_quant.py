@@ -29,7 +29,7 @@ import torch
 
 from ..autograd import register_inference_op
 from ...runtime import database as _database
-from .ops import (_PLANS, _make_plan, _pair, check, check_config_arg, quantize_output,
+from .ops import (_PLANS, _make_plan, _pair, check, check_config_arg, operand_key, quantize_output,
                   reference_conv2d_fp32)
 
 OP = "conv2d_activation_quant"
@@ -71,8 +71,8 @@ def _fake(x, w, bias, stride, padding, activation, out_scale, config):
 
 
 def _cuda(x, w, bias, stride, padding, activation, out_scale, config):
-    key = ("quant", config, x.dtype, None if bias is None else bias.dtype, x.shape, w.shape, tuple(stride),
-           tuple(padding), activation, x.device, _database.epoch())
+    key = ("quant", config, *operand_key(x, w, bias), tuple(stride), tuple(padding), activation,
+           _database.epoch())
     plan = _PLANS.plans.get(key)
     if plan is None:
         ho, wo = check_quant(x, w, bias, stride, padding, activation, out_scale)

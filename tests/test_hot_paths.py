@@ -1,8 +1,9 @@
-"""The int8 ops' CUDA hot path (families/scaled_mm: `ops.fast_ok`, used by scaled_mm, scaled_mm_quant, the act-quant
-and the residual GEMM) on the CPU: the production `_cuda` functions with a stub kernel library (as
-benchmarks/host_overhead.py runs them). Once a call has made its plan, a call with the same key but a bad operand
-still raises the full check's error — the fast predicate only skips checks the key already implies — and a good
-call after it runs the plan again. In a subprocess: the stubs replace module globals."""
+"""The ops' CUDA hot paths on the CPU: the production `_cuda` functions with a stub kernel library (as
+benchmarks/host_overhead.py runs them) — the int8 GEMMs (families/scaled_mm: `ops.fast_ok`, used by scaled_mm,
+scaled_mm_quant, the act-quant and the residual GEMM) and the convs (their plan keys hold everything their checks
+read of the operands). Once a call has made its plan, a call with a bad operand still raises the full check's error — a hit only
+skips checks its key implies — and a good call after it runs the plan again. In a subprocess: the stubs replace
+module globals."""
 from __future__ import annotations
 
 import subprocess
@@ -23,9 +24,16 @@ H._install_stubs(H._stub_library(Path(tempfile.mkdtemp())))
 import oasr_ops  # noqa: F401
 from oasr_ops.families.scaled_mm import ops
 
-cases = {name: (impl, list(args)) for name, _q, impl, args in H._cases("cpu", 64) if name.startswith("scaled_mm")}
+cases = {name: (impl, list(args)) for name, _q, impl, args in H._cases("cpu", 64)
+         if name.startswith(("scaled_mm", "conv1d"))}
 cases["scaled_mm_quant"] = (ops._scaled_mm_quant_cuda,
                             [cases["scaled_mm"][1][i] for i in range(4)] + [None, torch.full((64,), 0.1), "auto"])
+
+from oasr_ops.families.conv2d_activation import ops as conv2d, ops_quant as conv2d_quant
+x4, w4, b4 = torch.randn(2, 16, 16, 8).half(), torch.randn(32, 3, 3, 8).half(), torch.randn(32).half()
+cases["conv2d_activation"] = (conv2d._cuda, [x4, w4, b4, [2, 2], [0, 0], "relu", "torch"])
+cases["conv2d_activation_quant"] = (conv2d_quant._cuda, [x4, w4, b4, [2, 2], [0, 0], "relu", torch.full((1,), 0.1),
+                                                         "torch"])
 
 def noncontig(t):
     return t.t().contiguous().t() if t.dim() == 2 else t.unsqueeze(-1).expand(*t.shape, 2)[..., 0]
@@ -41,6 +49,12 @@ BAD = {  # (arg index, bad value from the good one, a word of the expected messa
     "scaled_mm_residual": [(5, lambda t: t.float(), "residual"), (5, lambda t: t[:-1].contiguous(), "residual"),
                            (5, noncontig, "contiguous"), (6, lambda a: float("nan"), "alpha"),
                            (2, lambda t: t.half(), "float32")],
+    "conv1d_depthwise": [(2, lambda t: t[:-8].contiguous(), "bias"), (1, lambda t: t.to("meta"), "device"),
+                         (2, lambda t: t.to("meta"), "device"), (1, lambda t: t.double(), "dtype")],
+    "conv2d_activation": [(2, lambda t: t[:-8].contiguous(), "bias"), (1, lambda t: t.float(), "dtype"),
+                          (1, lambda t: t.to("meta"), "device"), (2, lambda t: t.float(), "dtype")],
+    "conv2d_activation_quant": [(2, lambda t: t[:-8].contiguous(), "bias"), (1, lambda t: t.float(), "dtype"),
+                                (6, lambda t: t.half(), "out_scale")],
 }
 with torch.no_grad():
     for name, bad in BAD.items():
@@ -56,7 +70,7 @@ with torch.no_grad():
             else:
                 raise AssertionError(f"{name}: a bad argument {i} ({word}) ran")
         out = impl(*args)
-        assert out.shape[-1] == args[1].shape[0], name
+        assert out.shape[-1] == args[1].shape[0], name  # N for the GEMMs, C / Cout for the convs
 print("ok", sum(len(b) for b in BAD.values()))
 '''
 
