@@ -390,9 +390,10 @@ def test_one_warning_without_cuda_graphs_on_cuda(monkeypatch):
     import torch._inductor.compile_fx as cfx
 
     from oasr_ops.inductor import backend as be
+    from oasr_ops.runtime.plans import WarnOnce
 
     monkeypatch.setattr(cfx, "compile_fx", lambda gm, example_inputs, config_patches=None: gm)
-    monkeypatch.setattr(be, "_NOTED_NO_CUDA_GRAPHS", [False])
+    monkeypatch.setattr(be, "_warn_once", WarnOnce())
     gm = torch.fx.symbolic_trace(torch.nn.Linear(8, 8))
     x = [torch.randn(2, 8)]
 

@@ -47,11 +47,11 @@ run), the graph is recorded for the tuning report (`rewrite.record_cache_hit`).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
+from ..runtime.plans import WarnOnce
 from . import rewrite
 from .rewrite import ChainedPass, OasrRewritePass
 
@@ -69,7 +69,7 @@ def _config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]
     return patches
 
 
-_NOTED_NO_CUDA_GRAPHS = [False]
+_warn_once = WarnOnce()
 
 
 def _any_cuda(example_inputs: list[Any]) -> bool:
@@ -83,16 +83,13 @@ def _note_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any]
     traffic without CUDA graphs"); with mode="reduce-overhead" the same models are the faster ones."""
     import torch._inductor.config as inductor_config
 
-    if _NOTED_NO_CUDA_GRAPHS[0] or patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs):
+    if patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs) or not _any_cuda(example_inputs):
         return
-    if not _any_cuda(example_inputs):
-        return
-    _NOTED_NO_CUDA_GRAPHS[0] = True
-    warnings.warn('backend="oasr" without CUDA graphs: every oasr op call adds Python host time, so a host-bound '
-                  'model (small batches) can run slower than backend="inductor" (measured on the H200: 0.75x fp16, '
-                  '0.56x int8 on variable-length traffic); compile with mode="reduce-overhead" '
-                  '(options={"mode": "reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA '
-                  'graphs")', UserWarning, stacklevel=3)
+    _warn_once("no-cuda-graphs",
+               'backend="oasr" without CUDA graphs: every oasr op call adds Python host time, so a host-bound model '
+               '(small batches) can run slower than backend="inductor" (measured on the H200: 0.75x fp16, 0.56x int8 '
+               'on variable-length traffic); compile with mode="reduce-overhead" (options={"mode": '
+               '"reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA graphs")')
 
 
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,

@@ -398,10 +398,17 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
                      kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
 
 
-def get_plan(op: str, a, w, bias, config: str, out_dtype=None) -> Plan:
+def plan_key(op: str, a, w, bias, config: str, out_dtype) -> tuple | None:
+    """The plan-cache key of a call (None: `w` is not 2-D, the full checks say why)."""
+    if w.dim() != 2:
+        return None
     n, k = w.shape
-    m = _rows(a, k)
-    key = (op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch())
+    return (op, config, out_dtype, _rows(a, k), n, k, bias is not None, a.device, _epoch())
+
+
+def get_plan(op: str, a, w, bias, config: str, out_dtype=None) -> Plan:
+    key = plan_key(op, a, w, bias, config, out_dtype)
+    m, n, k = key[3:6]
     return _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
 
 
@@ -421,14 +428,6 @@ def fast_ok(a, w, scale_a, scale_w, bias, bias_dtype: torch.dtype, m: int, n: in
             and _vec_ok(scale_w, n, dev)
             and (bias is None or (bias.dtype is bias_dtype and bias.dim() == 1 and bias.shape[0] == n
                                   and bias.device == dev and bias.is_contiguous())))
-
-
-def plan_key(op: str, a, w, bias, config: str, out_dtype) -> tuple | None:
-    """The plan-cache key of a call (None: `w` is not 2-D, the full checks say why)."""
-    if w.dim() != 2:
-        return None
-    n, k = w.shape
-    return (op, config, out_dtype, _rows(a, k), n, k, bias is not None, a.device, _epoch())
 
 
 def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):

@@ -71,8 +71,7 @@ def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> 
                          f"{tuple(residual.shape)}")
     if residual.device != a.device:
         raise ValueError(f"oasr.{OP}: residual is on {residual.device}, a on {a.device}")
-    if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha)
-            or abs(alpha) > _FP32_MAX):
+    if not _alpha_ok(alpha):
         raise ValueError(f"oasr.{OP}: alpha must be a finite float within fp32's range, got {alpha!r}")
     check_config_arg(config, "scaled_mm")
 
@@ -138,13 +137,17 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
                      torch_run=torch_run, kernel_run=kernel_run)
 
 
+def _alpha_ok(alpha) -> bool:
+    """A finite Python number within fp32's range (the epilogue multiplies in fp32), not a bool."""
+    return (not isinstance(alpha, bool) and isinstance(alpha, (int, float)) and math.isfinite(alpha)
+            and abs(alpha) <= _FP32_MAX)
+
+
 def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n: int) -> bool:
     """With a plan made for the call key, what the key does not fix (`ops.fast_ok`, plus the residual and alpha)."""
     return (ops.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
             and residual.device == a.device and residual.is_contiguous() and residual.dim() == a.dim()
-            and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1]
-            and not isinstance(alpha, bool) and isinstance(alpha, (int, float)) and math.isfinite(alpha)
-            and abs(alpha) <= _FP32_MAX)
+            and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1] and _alpha_ok(alpha))
 
 
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
