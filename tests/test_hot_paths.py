@@ -1,9 +1,9 @@
 """The ops' CUDA hot paths on the CPU: the production `_cuda` functions with a stub kernel library (as
 benchmarks/host_overhead.py runs them) — the int8 GEMMs (families/scaled_mm: `ops.fast_ok`, used by scaled_mm,
 scaled_mm_quant, the act-quant and the residual GEMM) and the convs (their plan keys hold everything their checks
-read of the operands). Once a call has made its plan, a call with a bad operand still raises the full check's error — a hit only
-skips checks its key implies — and a good call after it runs the plan again. In a subprocess: the stubs replace
-module globals."""
+read of the operands). Once a call has made its plan, a call with a bad operand still raises the full check's
+error — a hit only skips checks its key implies — and a good call after it runs the plan again. In a subprocess:
+the stubs replace module globals."""
 from __future__ import annotations
 
 import subprocess
