@@ -5,8 +5,8 @@
 
 Without CUDA graphs a served model is host-bound at small batches (docs/perf/e2e.md, "Serving traffic without CUDA
 graphs"): every op call's Python costs count. This runs each family's real CUDA implementation (`_cuda` of the
-op: checks, plan lookup, output allocation, the ctypes launch with its argument range checks) on CPU tensors, with the kernel
-library replaced by a stub `.so` (gcc) that exports the same C symbols and returns 0 at once — so everything up to
+op: checks, plan lookup, output allocation, the ctypes launch with its argument range checks) on CPU tensors, with
+the kernel library replaced by a stub `.so` (gcc) that exports the same C symbols and returns 0 at once — so all up to
 and including the ctypes call is the production code; the kernel itself, the CUDA caching allocator and
 `cudaLaunchKernel` are not. Two paths per op:
 
