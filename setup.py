@@ -16,6 +16,6 @@ setup(
     packages=[*find_packages(include=["oasr_ops", "oasr_ops.*"]), "oasr_ops.templates", "oasr_ops.db",
               *(f"oasr_ops.db.{a}" for a in _ARCHS)],
     package_dir={"oasr_ops.templates": "templates", "oasr_ops.db": "db"},
-    package_data={"oasr_ops.templates": ["*.j2"], "oasr_ops.db": ["README.md"],
+    package_data={"oasr_ops.templates": ["*.j2", "*.cpp"], "oasr_ops.db": ["README.md"],
                   **{f"oasr_ops.db.{a}": ["*.json"] for a in _ARCHS}},
 )

@@ -13,6 +13,11 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   fp16-oasr   the same weights, backend="oasr"
   int8        `fusable_filter` -> `quantize_(int8_w8a8)` -> `calibrate` (on --calib batches of the same traffic)
               -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
+  <base>-cpp  (fp16-oasr-cpp, int8-cpp) the base variant's compiled function with the C++ hot path of oasr::gemm
+              on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes.
+              The base variants compile with options={"cpp_hot_path": False}: without CUDA graphs the backend
+              would otherwise switch the hot path on for the whole process, and the A/B would compare it with itself
+              (`-cpp` is what backend="oasr" serves by default without CUDA graphs)
 
 --mode default: no CUDA graphs (host time per op counts, as in a service that does not capture graphs);
 --mode reduce-overhead: CUDA graphs, one recording per distinct shape (the warm-up serves the traffic twice: a
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
 import json
 import random
@@ -119,6 +125,52 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, r
     return fns
 
 
+class HotPathVariant:
+    """A compiled variant served with the C++ hot path of `oasr::gemm` on (oasr_ops/families/hot_path.py): the same
+    compiled function as its base variant, the hot path switched on around each pass (`serving()`), outside the
+    timed requests; its installed plans stay while it is off."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @contextlib.contextmanager
+    def serving(self):
+        import oasr_ops
+
+        oasr_ops.enable_cpp_hot_path("CUDA")
+        try:
+            yield
+        finally:
+            oasr_ops.disable_cpp_hot_path()
+
+
+def serving(fn):
+    """The context a variant's calls run in (the hot path on for a HotPathVariant, nothing otherwise)."""
+    return fn.serving() if isinstance(fn, HotPathVariant) else contextlib.nullcontext()
+
+
+def add_hot_path_variants(fns: dict, names: list, inputs: list, refs: list, res: dict) -> None:
+    """`<base>-cpp` for each requested base variant compiled: its function under the hot path, warmed on the traffic
+    (each call key's first call installs its plan) with its errors vs fp32 recorded."""
+    for name in names:
+        base = name[:-len("-cpp")] if name.endswith("-cpp") else None
+        if base is None or base not in fns:
+            continue
+        fn = HotPathVariant(fns[base])
+        t0 = time.perf_counter()
+        with torch.no_grad(), serving(fn):
+            errs = [rel_err_valid(*fn(x, n), ref) for (x, n), ref in zip(inputs, refs)]
+            torch.cuda.synchronize()
+        res["warm_pass_s"][name] = time.perf_counter() - t0
+        res["worst_rel_err"][name] = max(errs)
+        res.setdefault("rel_err", {})[name] = errs
+        print(f"{name}: warm pass {res['warm_pass_s'][name]:.1f} s, worst rel. err {max(errs):.3g}", flush=True)
+        fns[name] = fn
+
+
 def timed_rounds(fns: dict, inputs: list, rounds: int, res: dict, label: str = "round") -> None:
     """`rounds` timed passes over the traffic, variants alternating (order reversed every other round); each request
     timed synchronously with CUDA events. Fills res["pass_ms"] / res["request_ms"] and the recompile count."""
@@ -129,13 +181,14 @@ def timed_rounds(fns: dict, inputs: list, rounds: int, res: dict, label: str = "
         for r in range(rounds):
             for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
                 ts = []
-                for x, n in inputs:
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    fns[name](x, n)
-                    e.record()
-                    e.synchronize()
-                    ts.append(s.elapsed_time(e))
+                with serving(fns[name]):
+                    for x, n in inputs:
+                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        s.record()
+                        fns[name](x, n)
+                        e.record()
+                        e.synchronize()
+                        ts.append(s.elapsed_time(e))
                 res["pass_ms"].setdefault(name, []).append(sum(ts))
                 res.setdefault("request_ms", {}).setdefault(name, []).append(ts)
             print(f"{label} {r}: " + "  ".join(f"{n} {res['pass_ms'][n][-1]:.1f} ms" for n in fns), flush=True)
@@ -287,14 +340,15 @@ def main() -> int:
     if "fp16" in names:
         variants["fp16"] = (copy.deepcopy(model), "inductor", None)
     if "fp16-oasr" in names:
-        variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {})
+        variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
     if "int8" in names:
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
         calib = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
         q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
         oasr_ops.calibrate(q, calib)
-        variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True})
+        variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
+                                              "cpp_hot_path": False})
     res: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                  "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model, "model_args": margs, "mode": a.mode,
                  "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,
@@ -306,6 +360,8 @@ def main() -> int:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         fns = serve_all(variants, inputs, refs, a.mode, cuda, res)
+        if cuda:
+            add_hot_path_variants(fns, names, inputs, refs, res)
     if cuda:
         timed_rounds(fns, inputs, a.rounds, res)
     if cuda and a.always_warnings_round:
@@ -322,7 +378,10 @@ def main() -> int:
         from e2e_int8_fused import host_profile
 
         with torch.no_grad():
-            res["host_profile"] = {n: host_profile(fn, inputs[0], a.host_profile, top=40) for n, fn in fns.items()}
+            res["host_profile"] = {}
+            for n, fn in fns.items():
+                with serving(fn):
+                    res["host_profile"][n] = host_profile(fn, inputs[0], a.host_profile, top=40)
         for n, hp in res["host_profile"].items():
             print(f"{n}: host {hp['ms_per_call']:.2f} ms per call (cProfile); top own time:", flush=True)
             for row in hp["top_own"][:15]:
@@ -330,8 +389,10 @@ def main() -> int:
     if cuda and a.launch_profile:
         sizes = [r[0] * r[1] for r in reqs]
         picks = sorted({sizes.index(min(sizes)), sizes.index(max(sizes))})
-        res["launch_profile"] = {n: [launch_profile(fn, *inputs[i], a.launch_profile) for i in picks]
-                                 for n, fn in fns.items()}
+        res["launch_profile"] = {}
+        for n, fn in fns.items():
+            with serving(fn):
+                res["launch_profile"][n] = [launch_profile(fn, *inputs[i], a.launch_profile) for i in picks]
         for n, lps in res["launch_profile"].items():
             for lp in lps:
                 print(f"{n} B={lp['batch']} T={lp['frames']}: wall {lp['wall_ms_pipelined']:.2f} ms back to back, "
@@ -340,7 +401,10 @@ def main() -> int:
                 for row in lp["top_ops"][:12]:
                     print(f"   {row['cpu_us_per_call']:9.1f} us  x{row['per_call']:5.0f}  {row['op']}", flush=True)
     if cuda and a.cycle_profile:
-        res["cycle_profile"] = {n: cycle_profile(fn, inputs, a.cycle_profile) for n, fn in fns.items()}
+        res["cycle_profile"] = {}
+        for n, fn in fns.items():
+            with serving(fn):
+                res["cycle_profile"][n] = cycle_profile(fn, inputs, a.cycle_profile)
         for n, cp in res["cycle_profile"].items():
             print(f"{n}: steady ms {[round(t, 2) for t in cp['steady_ms']]}, in turn "
                   f"{[round(t, 2) for t in cp['in_turn_ms']]}; allocator per request "

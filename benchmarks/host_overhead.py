@@ -20,7 +20,8 @@ dispatcher + autograd + one launch, nothing of ours) and `aten/empty` (one torch
 (d=512, FFN 2048) at M = 1000 rows; configs are region tables as a compiled graph bakes them.
 On the GPU machine `--device cuda` times the real ops back to back at M = 16 (host-bound: the kernels take a few us)
 instead: wall time per call through `torch.ops.oasr.*`, no stubs, beside the aten ops they replace (F.linear,
-F.layer_norm). Each figure is the minimum over blocks of `--calls` calls, the callables alternating block by block.
+F.layer_norm); with `--hot-path` the gemm cases again through the C++ hot path (`cpp_op`). Each figure is the
+minimum over blocks of `--calls` calls, the callables alternating block by block.
 `--cpp-probe` (CPU) also builds `benchmarks/cpp_hot_path/probe.cpp` with g++ against the installed torch and times
 the planned C++ hot path of an op (plan-table lookup, then at::addmm or an empty + one launcher call) beside them.
 """
@@ -214,6 +215,8 @@ def main() -> None:
     ap.add_argument("--cpp-probe", action="store_true",
                     help="cpu: also build benchmarks/cpp_hot_path/probe.cpp (g++ against this torch) and time the "
                          "planned C++ hot path of an op beside the Python ones")
+    ap.add_argument("--hot-path", action="store_true",
+                    help="cuda: also time oasr::gemm through the C++ hot path (`oasr_ops.enable_cpp_hot_path()`)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -256,6 +259,12 @@ def main() -> None:
             else:
                 fns = {"op": torch._library.utils.lookup_op(qualname)}
             row = _time(fns, op_args, args.calls, args.blocks, sync)
+            if device == "cuda" and args.hot_path and qualname == "oasr::gemm":
+                from oasr_ops.families import hot_path
+
+                hot_path.enable("CUDA")  # the same op through the C++ hot path (its first call installs the plan)
+                row["cpp_op"] = _time(fns, op_args, args.calls, args.blocks, sync)["op"]
+                hot_path.disable()
             results[name] = row
             print(f"{name:22s} " + "  ".join(f"{k} {v:6.2f} us" for k, v in row.items()), flush=True)
     if device == "cuda":  # what the aten ops these replace cost on the same host (cuBLAS / the aten LayerNorm)

@@ -24,6 +24,7 @@ from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantConv2
                        QuantLinear, quantization_report, quantize_)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 from .tune.autotune import autotune  # noqa: F401,E402
+from .families.hot_path import disable as disable_cpp_hot_path, enable as enable_cpp_hot_path  # noqa: F401,E402
 
 
 def gemm(a, w, bias=None, activation: str | None = None, config: str = "auto"):
@@ -39,4 +40,8 @@ if _os.environ.get("OASR_CAPTURE_GEMM", "").strip():
     from .inductor import capture as _capture
 
     _capture.install_from_env()
+if _os.environ.get("OASR_CPP_HOT_PATH", "").strip():
+    from .families import hot_path as _hot_path
+
+    _hot_path.enable_from_env()
 del _os

@@ -403,9 +403,50 @@ def test_one_warning_without_cuda_graphs_on_cuda(monkeypatch):
             be.oasr_backend(gm, x, **kw)
         return [str(w.message) for w in seen if "without CUDA graphs" in str(w.message)]
 
+    from oasr_ops.families import hot_path
+
+    asked: list[str] = []
+    monkeypatch.setattr(hot_path, "enable", lambda backend="CUDA": asked.append(backend))
     assert warned() == []  # CPU inputs: nothing to say
     monkeypatch.setattr(be, "_any_cuda", lambda inputs: True)
-    assert warned(options={"mode": "reduce-overhead"}) == []
+    assert warned(options={"mode": "reduce-overhead"}) == [] and asked == []  # CUDA graphs: no host path to speed
     first = warned()
-    assert len(first) == 1 and "reduce-overhead" in first[0]
+    assert len(first) == 1 and "reduce-overhead" in first[0] and "runs on its C++ hot path" in first[0]
+    assert asked == ["CUDA"]  # oasr::gemm switched to the C++ hot path
     assert warned() == [] and warned(options={"max_autotune": False}) == []  # once per process
+    assert asked == ["CUDA"] * 3
+
+
+def test_without_cuda_graphs_hot_path_off_or_unavailable(monkeypatch):
+    """`cpp_hot_path=False` keeps the Python op; a hot path that cannot be built is a warning naming why, never an
+    error (the Python op serves)."""
+    import warnings
+
+    import torch._inductor.compile_fx as cfx
+
+    from oasr_ops.codegen.cache_trust import BuildError
+    from oasr_ops.families import hot_path
+    from oasr_ops.inductor import backend as be
+    from oasr_ops.runtime.plans import WarnOnce
+
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, example_inputs, config_patches=None: gm)
+    monkeypatch.setattr(be, "_any_cuda", lambda inputs: True)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(8, 8))
+    asked: list[str] = []
+
+    def warned(**kw) -> list[str]:
+        monkeypatch.setattr(be, "_warn_once", WarnOnce())
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            be.oasr_backend(gm, [torch.randn(2, 8)], **kw)
+        return [str(w.message) for w in seen if "without CUDA graphs" in str(w.message)]
+
+    monkeypatch.setattr(hot_path, "enable", lambda backend="CUDA": asked.append(backend))
+    (msg,) = warned(options={"cpp_hot_path": False})
+    assert asked == [] and "cpp_hot_path=False" in msg
+
+    def fail(backend="CUDA"):
+        raise BuildError("no C++ compiler (set CXX or put c++/g++ on PATH)")
+    monkeypatch.setattr(hot_path, "enable", fail)
+    (msg,) = warned()
+    assert "unavailable" in msg and "no C++ compiler" in msg

@@ -82,6 +82,8 @@ def test_wheel_carries_the_package_templates_db_and_entry_points(tmp_path: Path)
 
     want = {str(p.relative_to(src)) for p in (src / "oasr_ops").rglob("*.py")}
     want |= {f"oasr_ops/templates/{p.name}" for p in (ROOT / "templates").glob("*.j2")}
+    want |= {f"oasr_ops/templates/{p.name}" for p in (ROOT / "templates").glob("*.cpp")}  # the C++ hot path
+    assert "oasr_ops/templates/hot_path.cpp" in want
     want |= {f"oasr_ops/db/{p.relative_to(ROOT / 'db')}" for p in (ROOT / "db").glob("*/*.json")}
     assert "oasr_ops/zz_probe_pkg/__init__.py" in want and any(n.startswith("oasr_ops/db/") for n in want)
     assert not want - names, f"missing from the wheel: {sorted(want - names)}"

@@ -73,11 +73,31 @@ def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]]
     lib.impl(qualname.split("::", 1)[1], autograd_kernel, "Autograd", with_keyset=True)
 
 
+# (qualname, backend key) -> (the Python kernel, the Library registering it). Each backend kernel has a Library of its
+# own so that the C++ hot path (families/hot_path.py) can take one key of one op over and give it back.
+BACKEND_KERNELS: dict[tuple[str, str], tuple[Callable[..., Any], Any]] = {}
+
+
+def register_backend_kernel(qualname: str, key: str, fn: Callable[..., Any]) -> None:
+    """Register `fn` as `qualname`'s kernel for `key` ("CPU" / "CUDA") in a Library of its own (BACKEND_KERNELS)."""
+    ns, name = qualname.split("::", 1)
+    lib = torch.library.Library(ns, "IMPL")
+    lib.impl(name, fn, key)
+    BACKEND_KERNELS[(qualname, key)] = (fn, lib)
+
+
+def unregister_backend_kernel(qualname: str, key: str) -> Callable[..., Any]:
+    """Remove the Python kernel `register_backend_kernel` registered; returns it (to register it back later)."""
+    fn, lib = BACKEND_KERNELS.pop((qualname, key))
+    lib._destroy()
+    return fn
+
+
 def register_inference_op(lib: Any, name: str, *, cpu: Callable[..., Any], cuda: Callable[..., Any],
                           fake: Callable[..., Any]) -> None:
     """An oasr op's kernels in one call: `cpu` (the reference) and `cuda` for their keys, `fake` (shapes), and the
     inference-only Autograd kernel that calls them directly (module docstring)."""
-    lib.impl(name, cpu, "CPU")
-    lib.impl(name, cuda, "CUDA")
+    register_backend_kernel(f"oasr::{name}", "CPU", cpu)
+    register_backend_kernel(f"oasr::{name}", "CUDA", cuda)
     torch.library.register_fake(f"oasr::{name}", fake, lib=lib)
     inference_only(f"oasr::{name}", lib, {"CPU": cpu, "CUDA": cuda})

@@ -36,10 +36,13 @@ non-default):
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
   after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor's
   freezing, ``torch._inductor.config.freezing = True`` before compiling).
+* ``options={"cpp_hot_path": False}``: keep `oasr::gemm` on its Python op when compiling without CUDA graphs
+  (below; default True).
 
-Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors warns once per
-process: every oasr op call then pays its Python host time, which makes host-bound calls slower than Inductor's
-(`_note_without_cuda_graphs`).
+Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors switches
+`oasr::gemm` to its C++ hot path (option ``cpp_hot_path``, default True) and warns once per process: the other oasr
+ops still pay their Python host time, which makes host-bound calls slower than Inductor's
+(`_serve_without_cuda_graphs`).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
@@ -76,19 +79,32 @@ def _any_cuda(example_inputs: list[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
-def _note_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any]) -> None:
-    """One warning per process when a CUDA graph is compiled without CUDA graphs: each oasr op call then costs its
-    Python host time (~3x an aten call's), and a host-bound model (small batches; on a slow host every batch) runs
-    slower than backend="inductor" — measured on the H200: fp16 0.75x, int8 0.56x (docs/perf/e2e.md, "Serving
-    traffic without CUDA graphs"); with mode="reduce-overhead" the same models are the faster ones."""
+def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any], cpp_hot_path: bool) -> None:
+    """A CUDA graph compiled without CUDA graphs: each oasr op call then costs its host time, and a host-bound model
+    (small batches; on a slow host every batch) can run slower than backend="inductor". So `oasr::gemm` is switched
+    to its C++ hot path (families/hot_path.py; unless ``cpp_hot_path=False``; built once like a kernel, a failure
+    keeps the Python op), and one warning per process says what is left — measured on the H200 (docs/perf/e2e.md,
+    "Serving traffic without CUDA graphs"): fp16 0.90x of Inductor with the hot path (0.74-0.75x without), int8
+    0.56-0.61x (its int8 ops have no C++ path yet); with mode="reduce-overhead" the same models are the faster ones."""
     import torch._inductor.config as inductor_config
 
     if patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs) or not _any_cuda(example_inputs):
         return
+    why_not = "off (cpp_hot_path=False)"
+    if cpp_hot_path:
+        from ..families import hot_path
+
+        try:
+            hot_path.enable("CUDA")
+            why_not = ""
+        except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
+            why_not = f"unavailable ({e})"
+    host = ("oasr::gemm runs on its C++ hot path but the other oasr ops add Python host time per call"
+            if not why_not else f"the C++ hot path of oasr::gemm is {why_not}: every oasr op call adds Python host time")
     _warn_once("no-cuda-graphs",
-               'backend="oasr" without CUDA graphs: every oasr op call adds Python host time, so a host-bound model '
-               '(small batches) can run slower than backend="inductor" (measured on the H200: 0.75x fp16, 0.56x int8 '
-               'on variable-length traffic); compile with mode="reduce-overhead" (options={"mode": '
+               f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
+               'than backend="inductor" (measured on the H200, variable-length traffic: fp16 0.90x with the C++ hot '
+               'path, 0.75x without; int8 0.56-0.61x); compile with mode="reduce-overhead" (options={"mode": '
                '"reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA graphs")')
 
 
@@ -148,8 +164,9 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
             from ..tune.prewarm import prewarm_graph
 
             prewarm_graph(gm, example_inputs, tuning)
+    cpp_hot_path = bool(opts.pop("cpp_hot_path", True))
     patches = _config_patches(mode, opts)
-    _note_without_cuda_graphs(patches, example_inputs)
+    _serve_without_cuda_graphs(patches, example_inputs, cpp_hot_path)
     runs = rewrite.pass_runs()
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if rewrite.pass_runs() == runs:  # an FX/AOT cache hit: the pass did not run; the report re-derives the sites

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from typing import Any
 
 from .. import families as _families  # noqa: F401  (fills the registry)
@@ -157,8 +158,25 @@ def _jobs(text: str) -> int:
     return v
 
 
+def _build_hot_path() -> int:
+    """The C++ hot path (families/hot_path.py) for this process's torch, into the JIT cache."""
+    from ..codegen.host_ext import BuildError, HostExtension
+
+    try:
+        path = HostExtension().build()
+    except BuildError as e:
+        print(f"C++ hot path: build failed: {e}", file=sys.stderr)
+        return 1
+    print(f"C++ hot path: {path}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     """`oasr tune prebuild`: arch list, dtypes and configs are validated (UsageError) before nvcc runs."""
+    if args.hot_path or args.hot_path_only:
+        rc = _build_hot_path()
+        if rc or args.hot_path_only:
+            return rc
     archs = (args.arch or os.environ.get("OASR_CUDA_ARCH_LIST", "")).replace(";", " ").replace(",", " ").split()
     if not archs:
         raise UsageError("set OASR_CUDA_ARCH_LIST (e.g. 9.0a) or pass --arch")
@@ -211,4 +229,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=_jobs, default=None,
                    help="parallel nvcc processes (default: the CPU count; capped by free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    h = p.add_mutually_exclusive_group()
+    h.add_argument("--hot-path", action="store_true",
+                   help="also build the C++ hot path of the ops for this torch (OASR_CPP_HOT_PATH=1)")
+    h.add_argument("--hot-path-only", action="store_true", help="build only the C++ hot path (no arch needed)")
     p.set_defaults(func=_run)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ...configs import Config, ConfigError
 from ...runtime import database as _database
+from .. import hot_path as _hot
 from ..autograd import register_inference_op
 from ...runtime.arch import current_arch_family
 from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
@@ -35,6 +36,9 @@ _lib.define(
     "gemm(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor",
     tags=(torch.Tag.needs_fixed_stride_order,),
 )
+# The Python CUDA implementation under its own name, for the C++ hot path to call on a miss (families/hot_path.py);
+# it has kernels only while the hot path is on.
+_lib.define("_gemm_py(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -127,10 +131,12 @@ def _torch_plan(activation: str, fused: bool) -> Callable[..., torch.Tensor]:
                 return torch.relu(F.linear(a, w))
             a2 = a.reshape(-1, a.shape[-1])
             return torch._addmm_activation(bias, a2, w.t()).reshape(*a.shape[:-1], w.shape[0])
+        run_fused.native = _hot.native_torch(activation, fused_relu=True)
         return run_fused
 
     def run_torch(a, w, bias):
         return _activate(F.linear(a, w, bias), activation)
+    run_torch.native = _hot.native_torch(activation)
     return run_torch
 
 
@@ -180,6 +186,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
         if rc != 0:
             raise RuntimeError(f"oasr.gemm: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out
+    run_kernel.native = _hot.native_kernel(lib.handle.oasr_run, split, activation, ws_bytes)
     return run_kernel
 
 
@@ -229,6 +236,8 @@ def _gemm_cuda(a, w, bias, activation, config):
             return a.new_empty((*a.shape[:-1], n))
         plan = get_plan(a, w, bias, activation, config)
     plan.calls += 1
+    if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        _hot.install_gemm(config, a.dtype, activation, m, n, k, bias is not None, a.device, plan)
     return plan.run(a, w, bias)
 
 
@@ -237,10 +246,12 @@ register_inference_op(_lib, "gemm", cpu=_gemm_cpu, cuda=_gemm_cuda, fake=_gemm_f
 
 def served() -> list[Plan]:
     """Every plan this process has run, with its call count (what `print which config served` reads)."""
+    _hot.collect_calls()
     return _PLANS.served()
 
 
 def reset_plans() -> None:
     """Forget resolved plans (the DB epoch already keys them; this is for tests and `reload_tuning()`)."""
+    _hot.clear()
     _PLANS.clear()
     resolve_table.cache_clear()
