@@ -20,10 +20,9 @@ dispatcher + autograd + one launch, nothing of ours) and `aten/empty` (one torch
 (d=512, FFN 2048) at M = 1000 rows; configs are region tables as a compiled graph bakes them.
 On the GPU machine `--device cuda` times the real ops back to back at M = 16 (host-bound: the kernels take a few us)
 instead: wall time per call through `torch.ops.oasr.*`, no stubs, beside the aten ops they replace (F.linear,
-F.layer_norm); with `--hot-path` the gemm cases again through the C++ hot path (`cpp_op`). Each figure is the
-minimum over blocks of `--calls` calls, the callables alternating block by block.
-`--cpp-probe` (CPU) also builds `benchmarks/cpp_hot_path/probe.cpp` with g++ against the installed torch and times
-the planned C++ hot path of an op (plan-table lookup, then at::addmm or an empty + one launcher call) beside them.
+F.layer_norm). Each figure is the minimum over blocks of `--calls` calls, the callables alternating block by block.
+`--hot-path` (both devices) also times the gemm cases through `oasr::gemm`'s C++ hot path (`cpp_op`;
+oasr_ops/families/hot_path.py), served at the CPU key on the cpu with the stub kernel library behind it.
 """
 from __future__ import annotations
 
@@ -157,37 +156,6 @@ def _mirror(lib, qualname: str, impl, dispatch_key: str) -> object:
     return getattr(torch.ops.oasr_hostbench, name).default
 
 
-def _cpp_probe(tmp: Path, m: int, stub, calls: int, blocks: int, sync) -> dict[str, dict[str, float]]:
-    """The planned C++ hot path (benchmarks/cpp_hot_path/probe.cpp), built with g++ against this torch, timed on the
-    shapes of the Python cases: `cpp/floor` (dispatcher + empty + one launcher call), `cpp/gemm_kernel_arm` (plan
-    table lookup, then the same), `cpp/gemm_torch_arm` (plan table lookup, then at::addmm on the tiny 2-D GEMM)."""
-    from torch.utils import cpp_extension
-
-    src = Path(__file__).with_name("cpp_hot_path") / "probe.cpp"
-    so = tmp / "probe.so"
-    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
-    lib = [f"-L{p}" for p in cpp_extension.library_paths()]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *inc,
-                    str(src), *lib, "-lc10", "-ltorch_cpu", "-o", str(so)], check=True)
-    torch.ops.load_library(str(so))
-    ops = torch.ops.oasr_hostbench_cpp
-    launcher = ctypes.cast(stub, ctypes.c_void_p).value
-    a, w, b = (torch.zeros(m, 512, dtype=torch.float16), torch.zeros(2048, 512, dtype=torch.float16),
-               torch.zeros(2048, dtype=torch.float16))
-    sx, sw, sb = torch.randn(1, 16).half(), torch.randn(16, 16).half(), torch.randn(16).half()
-    ops.install.default("k", m, 2048, 512, True, 1)
-    ops.install.default("t", 1, 16, 16, True, 0)
-    out = {}
-    with torch.no_grad():
-        out["cpp/floor"] = _time({"op": ops.floor.default}, (a, w, launcher), calls, blocks, sync)
-        out["cpp/gemm_kernel_arm"] = _time({"op": ops.gemm.default}, (a, w, b, "none", "k", launcher), calls, blocks,
-                                           sync)
-        out["cpp/gemm_torch_arm"] = _time({"op": ops.gemm.default}, (sx, sw, sb, "none", "t", 0), calls, blocks,
-                                          sync)
-    return out
-
-
 def _time(fns: dict, args, calls: int, blocks: int, sync) -> dict[str, float]:
     """µs per call of each of `fns` (name -> callable) on `args`: blocks of `calls` calls, the callables alternating
     block by block; the minimum over blocks (a deterministic host path: the least-disturbed block is its cost)."""
@@ -212,11 +180,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000, help="calls per block")
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--rows", type=int, default=None, help="M (default: 1000 on cpu, 16 on cuda)")
-    ap.add_argument("--cpp-probe", action="store_true",
-                    help="cpu: also build benchmarks/cpp_hot_path/probe.cpp (g++ against this torch) and time the "
-                         "planned C++ hot path of an op beside the Python ones")
     ap.add_argument("--hot-path", action="store_true",
-                    help="cuda: also time oasr::gemm through the C++ hot path (`oasr_ops.enable_cpp_hot_path()`)")
+                    help="also time oasr::gemm through its C++ hot path (`oasr_ops.enable_cpp_hot_path()`; on the "
+                         "cpu, served at the CPU key with the stub kernel library)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -259,11 +225,14 @@ def main() -> None:
             else:
                 fns = {"op": torch._library.utils.lookup_op(qualname)}
             row = _time(fns, op_args, args.calls, args.blocks, sync)
-            if device == "cuda" and args.hot_path and qualname == "oasr::gemm":
+            if args.hot_path and qualname == "oasr::gemm":
                 from oasr_ops.families import hot_path
 
-                hot_path.enable("CUDA")  # the same op through the C++ hot path (its first call installs the plan)
-                row["cpp_op"] = _time(fns, op_args, args.calls, args.blocks, sync)["op"]
+                # the real op through its C++ hot path (the first call misses and installs the plan); on the cpu
+                # served at the CPU key, its misses going to this `_cuda` function with the stub kernels
+                hot_path.enable(device.upper())
+                row["cpp_op"] = _time({"op": torch.ops.oasr.gemm.default}, op_args, args.calls, args.blocks,
+                                      sync)["op"]
                 hot_path.disable()
             results[name] = row
             print(f"{name:22s} " + "  ".join(f"{k} {v:6.2f} us" for k, v in row.items()), flush=True)
@@ -286,10 +255,7 @@ def main() -> None:
                                             args.blocks, sync)
         results["aten/linear_small"] = _time({"op": torch.nn.functional.linear}, (sx, sw, sb), args.calls,
                                              args.blocks, sync)
-    if args.cpp_probe and device == "cpu":
-        results.update(_cpp_probe(tmp, m, stub, args.calls, args.blocks, sync))
-    for name in ("floor", "aten/empty", "aten/linear", "aten/layer_norm", "aten/addmm_small", "aten/linear_small",
-                 "cpp/floor", "cpp/gemm_kernel_arm", "cpp/gemm_torch_arm"):
+    for name in ("floor", "aten/empty", "aten/linear", "aten/layer_norm", "aten/addmm_small", "aten/linear_small"):
         if name in results:
             print(f"{name:22s} op {results[name]['op']:6.2f} us")
     if args.out:

@@ -11,8 +11,10 @@ Contract per method:
   HostExtension.build()    -> Path of the verified library; BuildError (with the log path) when the compiler fails
                            or is absent, UnsafeCacheError when the JIT directory is unsafe.
   HostExtension.load()     -> Path; registers the library's ops with torch (`torch.ops.load_library`) once per
-                           process. Builds when absent or unverified unless OASR_JIT_BUILD=off (then BuildError).
-                           LoadError when the loaded library's ABI version is not the one this package expects.
+                           process (a later call returns the library already loaded, whatever the JIT directory
+                           says now: the ops' namespace registers once). Builds when absent or unverified unless
+                           OASR_JIT_BUILD=off (then BuildError). LoadError when the loaded library's ABI version is
+                           not the one this package expects.
 """
 from __future__ import annotations
 
@@ -149,6 +151,9 @@ class HostExtension:
         from .jit import on_demand_builds_allowed
 
         path = self.so_path
+        if _LOADED and str(path) not in _LOADED:
+            # A process holds one: its ops namespace cannot be registered twice (a JIT directory changed since).
+            path = Path(next(iter(_LOADED)))
         if str(path) not in _LOADED:
             if _verify(path) is not None:
                 if not on_demand_builds_allowed():
