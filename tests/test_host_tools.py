@@ -1,6 +1,6 @@
 """The host-time tools run end to end on the CPU: benchmarks/host_overhead.py (stub kernels, `oasr::gemm`'s C++ hot
-path built with the host compiler against the installed torch) and benchmarks/e2e_serving.py's CPU smoke path (dynamic shapes through
-both backends, the timed parts skipped)."""
+path built with the host compiler against the installed torch) and benchmarks/e2e_serving.py's CPU smoke path
+(dynamic shapes through both backends, the timed parts skipped)."""
 from __future__ import annotations
 
 import json

@@ -1,13 +1,12 @@
 """HostExtension: the build lifecycle of the C++ hot path (templates/hot_path.cpp), a torch extension compiled with
-the host C++ compiler against the installed torch. The same cache, trust rules and lock as the kernels
-(codegen/jit.py, codegen/cache_trust.py): content-keyed, built under a file lock, installed atomically with a
-sha256 manifest, verified right before it is loaded.
+the host C++ compiler against the installed torch. The kernels' lifecycle (codegen/jit.py `CompiledLibrary`: the
+same cache, trust rules, lock, atomic install with a sha256 manifest, verification right before the load); only the
+compiler, its command and the key differ.
 
-Contract per method:
-  HostExtension.key        pure; never raises. Hashes the source, the compiler command (include and library paths
+Contract per method (the rest as `CompiledLibrary`'s, codegen/jit.py):
+  HostExtension.key        pure; never raises. Hashes the source, the compiler flags (include and library paths
                            left out: they name site-packages locations), the compiler's version and the torch version
                            (the extension links libtorch: unlike a kernel, it is specific to one torch build).
-  HostExtension.is_built() never raises.
   HostExtension.build()    -> Path of the verified library; BuildError (with the log path) when the compiler fails
                            or is absent, UnsafeCacheError when the JIT directory is unsafe.
   HostExtension.load()     -> Path; registers the library's ops with torch (`torch.ops.load_library`) once per
@@ -19,18 +18,15 @@ Contract per method:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..paths import jit_dir, templates_dir
-from .cache_trust import (BuildError, LoadError, _check_dir, _install, _run_nvcc, _secure_dir, _sweep_stale_builds,
-                          _verify)
+from ..paths import templates_dir
+from .cache_trust import BuildError, LoadError, _verify
+from .jit import CompiledLibrary, content_key, on_demand_builds_allowed
 
 HOT_PATH_ABI_VERSION = 1  # templates/hot_path.cpp kAbiVersion
 
@@ -56,15 +52,26 @@ def cxx_version() -> str:
 
 
 @dataclass(frozen=True)
-class HostExtension:
-    """One C++ source under templates/, built into `<jit dir>/<name>-<key>.so`."""
+class HostExtension(CompiledLibrary):
+    """One C++ source under templates/, built into `<jit dir>/host_<source name>-<key>.so`."""
 
-    name: str = "hot_path"
+    source_name: str = "hot_path"
     abi_version: int = HOT_PATH_ABI_VERSION
+    library_label = "C++ hot path library"
+    compiler_label = "C++ compiler"
+    compiler_hint = "set CXX or put c++/g++ on PATH"
+    source_suffix = ".cpp"
+
+    def compiler_path(self) -> str | None:
+        return cxx_path()
+
+    @property
+    def name(self) -> str:
+        return f"host_{self.source_name}"
 
     @functools.cached_property
     def source(self) -> str:
-        return (templates_dir() / f"{self.name}.cpp").read_text()
+        return (templates_dir() / f"{self.source_name}.cpp").read_text()
 
     @staticmethod
     def _flags() -> list[str]:
@@ -89,66 +96,11 @@ class HostExtension:
     def key(self) -> str:
         import torch
 
-        h = hashlib.sha256()
-        for part in (self.source, " ".join(self._flags()), f"cxx={cxx_version()}", f"torch={torch.__version__}",
-                     f"torch_git={getattr(torch.version, 'git_version', '')}", f"abi={self.abi_version}"):
-            h.update(part.encode())
-            h.update(b"\0")
-        return h.hexdigest()[:20]
-
-    @property
-    def so_path(self) -> Path:
-        return jit_dir() / f"host_{self.name}-{self.key}.so"
-
-    @property
-    def log_path(self) -> Path:
-        return jit_dir() / "logs" / f"host_{self.name}-{self.key}.log"
-
-    def is_built(self) -> bool:
-        try:
-            _check_dir(self.so_path.parent)
-            return _verify(self.so_path) is None
-        except Exception:  # noqa: BLE001 - the contract: never raises
-            return False
-
-    def build(self) -> Path:
-        from filelock import FileLock
-
-        out = self.so_path
-        jdir = out.parent
-        if jdir.exists():
-            _check_dir(jdir)
-            if _verify(out) is None:
-                return out
-        if cxx_path() is None:
-            raise BuildError(f"cannot build {self.name}: no C++ compiler (set CXX or put c++/g++ on PATH)")
-        _secure_dir(jdir)
-        _secure_dir(self.log_path.parent)
-        with FileLock(str(out) + ".lock"):
-            if _verify(out) is None:
-                return out  # built by another process meanwhile
-            _sweep_stale_builds(jdir, out.stem)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.stem}.build-{os.getpid()}-", dir=jdir))
-            try:
-                src, tmp_so = tmp / f"{self.name}.cpp", tmp / f"{self.name}.so"
-                src.write_text(self.source)
-                cmd = self.command(src, tmp_so)
-                t0 = time.monotonic()
-                rc, stdout, stderr = _run_nvcc(cmd)  # the guarded runner: any compiler, killed with its builder
-                self.log_path.write_text(f"$ {' '.join(cmd)}\n# {time.monotonic() - t0:.1f}s rc={rc}\n{stdout}\n{stderr}")
-                if rc != 0 or not tmp_so.is_file() or tmp_so.stat().st_size == 0:
-                    raise BuildError(f"the C++ compiler failed for {self.name} (rc={rc})", self.log_path)
-                _install(tmp_so, out, tmp)
-            except OSError as e:
-                raise BuildError(f"cannot build {self.name}: {e}", self.log_path) from None
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return out
+        return content_key(self.source, " ".join(self._flags()), f"cxx={cxx_version()}", f"torch={torch.__version__}",
+                           f"torch_git={getattr(torch.version, 'git_version', '')}", f"abi={self.abi_version}")
 
     def load(self) -> Path:
         import torch
-
-        from .jit import on_demand_builds_allowed
 
         path = self.so_path
         if _LOADED and str(path) not in _LOADED:
@@ -158,7 +110,7 @@ class HostExtension:
             if _verify(path) is not None:
                 if not on_demand_builds_allowed():
                     raise BuildError(f"the C++ hot path is not prebuilt ({path}) and OASR_JIT_BUILD=off forbids "
-                                     "compiling it at run time; build it ahead with `oasr tune prebuild`")
+                                     "compiling it at run time; build it ahead: `oasr tune prebuild --hot-path-only`")
                 self.build()
             why = _verify(path)  # checked right before the dlopen, as every kernel
             if why is not None:

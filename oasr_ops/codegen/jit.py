@@ -120,11 +120,111 @@ def target_arch(lane: Lane, arch_family: str | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# the build lifecycle (kernels and the C++ hot path)
+
+
+def content_key(*parts: str) -> str:
+    """The cache key of a build: sha256 over its parts, each NUL-terminated; 20 hex digits."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+class CompiledLibrary:
+    """key -> build -> verify, shared by every `.so` this package compiles (the contract in the module docstring).
+    A subclass gives `name`, `key`, `source`, `command(src, out)`, the compiler (`compiler_label`,
+    `compiler_path()`, `compiler_hint`), the source file's suffix and what its messages call the library."""
+
+    library_label = "kernel library"
+    compiler_label = "nvcc"
+    compiler_hint = "set CUDA_HOME or put nvcc on PATH"
+    source_suffix = ".cu"
+    name: str
+    key: str
+    source: str
+
+    def compiler_path(self) -> str | None:
+        return nvcc_path()
+
+    def command(self, src: Path, out: Path) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def so_path(self) -> Path:
+        return jit_dir() / f"{self.name}-{self.key}.so"
+
+    @property
+    def log_path(self) -> Path:
+        return jit_dir() / "logs" / f"{self.name}-{self.key}.log"
+
+    def is_built(self) -> bool:
+        try:
+            _check_dir(self.so_path.parent)
+            return _verify(self.so_path) is None
+        except Exception:  # noqa: BLE001 - the contract: never raises
+            return False
+
+    def build(self) -> Path:
+        """Compile unless a verified .so is present. Cross-process: a file lock per library with a re-check inside
+        it; the .so is written in a temp directory beside it and renamed into place, then its manifest, so
+        readers never see a partial one and never trust one without a manifest."""
+        return self._build(None)
+
+    def _build(self, bad_digest: str | None) -> Path:
+        """build(); with `bad_digest` (the hash of a verified .so that failed to load), replace that file even
+        though it verifies, unless another process already has."""
+        out = self.so_path
+        jdir = out.parent
+        if bad_digest is None and jdir.exists():
+            _check_dir(jdir)
+            if _verify(out) is None:
+                return out
+        if self.compiler_path() is None:
+            raise BuildError(f"cannot build {self.name}: {self.compiler_label} not found ({self.compiler_hint})")
+        _secure_dir(jdir)
+        _secure_dir(self.log_path.parent)
+        with FileLock(str(out) + ".lock"):
+            why = _verify(out)
+            if why is None and (bad_digest is None or _sha256(out) != bad_digest):
+                return out  # built (again) by another process meanwhile
+            if why not in (None, "missing"):
+                warnings.warn(f"oasr_ops: {self.library_label} {out} {why}; not loading it, rebuilding it",
+                              RuntimeWarning, stacklevel=3)
+            _sweep_stale_builds(jdir, out.stem)
+            self._compile(out, jdir)
+        return out
+
+    def _compile(self, out: Path, jdir: Path) -> None:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.stem}.build-{os.getpid()}-", dir=jdir))
+        try:
+            src = tmp / f"{self.name}{self.source_suffix}"
+            src.write_text(self.source)
+            tmp_so = tmp / f"{self.name}.so"
+            cmd = self.command(src, tmp_so)
+            t0 = time.monotonic()
+            rc, stdout, stderr = _run_nvcc(cmd)  # the guarded runner (any compiler: killed with its builder)
+            dt = time.monotonic() - t0
+            self.log_path.write_text(f"$ {' '.join(cmd)}\n# {dt:.1f}s rc={rc}\n{stdout}\n{stderr}")
+            if rc != 0 or not tmp_so.is_file() or tmp_so.stat().st_size == 0:
+                # Keep the failing source beside its log for a bug report.
+                shutil.copy(src, self.log_path.with_suffix(self.source_suffix))
+                raise BuildError(f"{self.compiler_label} failed for {self.name} (rc={rc})", self.log_path)
+            _install(tmp_so, out, tmp)
+            _COMPILED.append(self.name)
+        except OSError as e:
+            raise BuildError(f"cannot build {self.name}: {e}", self.log_path) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # specs
 
 
 @dataclass(frozen=True)
-class JitSpec:
+class JitSpec(CompiledLibrary):
     lane: Lane
     config: Config  # the kernel key (split-K stripped)
     dtype: str
@@ -147,83 +247,12 @@ class JitSpec:
 
     @functools.cached_property
     def key(self) -> str:
-        h = hashlib.sha256()
-        for part in (self.source, f"cutlass={cutlass_version()}", " ".join(nvcc_flags_for_key(self.cuda_arch)),
-                     f"nvcc={nvcc_version()}", f"arch={self.cuda_arch}", f"abi={ABI_VERSION}"):
-            h.update(part.encode())
-            h.update(b"\0")
-        return h.hexdigest()[:20]
-
-    @property
-    def so_path(self) -> Path:
-        return jit_dir() / f"{self.name}-{self.key}.so"
-
-    @property
-    def log_path(self) -> Path:
-        return jit_dir() / "logs" / f"{self.name}-{self.key}.log"
+        return content_key(self.source, f"cutlass={cutlass_version()}", " ".join(nvcc_flags_for_key(self.cuda_arch)),
+                           f"nvcc={nvcc_version()}", f"arch={self.cuda_arch}", f"abi={ABI_VERSION}")
 
     @property
     def est_memory(self) -> float:
         return _MEM_PER_JOB[self.config.generation]
-
-    def is_built(self) -> bool:
-        try:
-            _check_dir(self.so_path.parent)
-            return _verify(self.so_path) is None
-        except Exception:  # noqa: BLE001 - the contract: never raises
-            return False
-
-    def build(self) -> Path:
-        """Compile unless a verified .so is present. Cross-process: a file lock per kernel with a re-check inside
-        it; the .so is written in a temp directory beside it and renamed into place, then its manifest, so
-        readers never see a partial one and never trust one without a manifest."""
-        return self._build(None)
-
-    def _build(self, bad_digest: str | None) -> Path:
-        """build(); with `bad_digest` (the hash of a verified .so that failed to load), replace that file even
-        though it verifies, unless another process already has."""
-        out = self.so_path
-        jdir = out.parent
-        if bad_digest is None and jdir.exists():
-            _check_dir(jdir)
-            if _verify(out) is None:
-                return out
-        if nvcc_path() is None:
-            raise BuildError(f"cannot build {self.name}: nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-        _secure_dir(jdir)
-        _secure_dir(self.log_path.parent)
-        with FileLock(str(out) + ".lock"):
-            why = _verify(out)
-            if why is None and (bad_digest is None or _sha256(out) != bad_digest):
-                return out  # built (again) by another process meanwhile
-            if why not in (None, "missing"):
-                warnings.warn(f"oasr_ops: kernel library {out} {why}; not loading it, rebuilding it",
-                              RuntimeWarning, stacklevel=3)
-            _sweep_stale_builds(jdir, out.stem)
-            self._compile(out, jdir)
-        return out
-
-    def _compile(self, out: Path, jdir: Path) -> None:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.stem}.build-{os.getpid()}-", dir=jdir))
-        try:
-            src = tmp / f"{self.name}.cu"
-            src.write_text(self.source)
-            tmp_so = tmp / f"{self.name}.so"
-            cmd = self.command(src, tmp_so)
-            t0 = time.monotonic()
-            rc, stdout, stderr = _run_nvcc(cmd)
-            dt = time.monotonic() - t0
-            self.log_path.write_text(f"$ {' '.join(cmd)}\n# {dt:.1f}s rc={rc}\n{stdout}\n{stderr}")
-            if rc != 0 or not tmp_so.is_file() or tmp_so.stat().st_size == 0:
-                # Keep the failing source beside its log for a bug report.
-                shutil.copy(src, self.log_path.with_suffix(".cu"))
-                raise BuildError(f"nvcc failed for {self.name} (rc={rc})", self.log_path)
-            _install(tmp_so, out, tmp)
-            _COMPILED.append(self.name)
-        except OSError as e:
-            raise BuildError(f"cannot build {self.name}: {e}", self.log_path) from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     def load(self) -> KernelLibrary:
         """Verify and load; build when absent or untrusted; rebuild once a verified file that fails to load.

@@ -99,8 +99,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"
-    host = ("oasr::gemm runs on its C++ hot path but the other oasr ops add Python host time per call"
-            if not why_not else f"the C++ hot path of oasr::gemm is {why_not}: every oasr op call adds Python host time")
+    host = ("oasr::gemm runs on its C++ hot path but the other oasr ops add Python host time per call" if not why_not
+            else f"the C++ hot path of oasr::gemm is {why_not}: every oasr op call adds Python host time")
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
                'than backend="inductor" (measured on the H200, variable-length traffic: fp16 0.90x with the C++ hot '
