@@ -104,8 +104,10 @@ def disable() -> None:
 
 
 def install_gemm(config: str, dtype: torch.dtype, activation: str, m: int, n: int, k: int, bias: bool,
-                 device: torch.device, plan: Any) -> None:
-    """Install a Python plan for its call key (a no-op for a plan without `run.native`, or one installed already)."""
+                 device: torch.device, plan: Any, epoch: int) -> None:
+    """Install a Python plan for its call key (a no-op for a plan without `run.native`, one installed already, or
+    one made in a DB epoch that has ended: a reload clears the table, and a plan of the old epoch that another
+    thread was about to install must not come back after that clear)."""
     native = getattr(plan.run, "native", None)
     if native is None or _backend is None:
         return
@@ -113,7 +115,7 @@ def install_gemm(config: str, dtype: torch.dtype, activation: str, m: int, n: in
     if key in _installed:
         return
     with _LOCK:
-        if key in _installed or _backend is None:
+        if key in _installed or _backend is None or epoch != _database.epoch():
             return
         arm, launcher, split, act, ws = native
         slot = len(_slots)

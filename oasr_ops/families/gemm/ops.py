@@ -228,7 +228,8 @@ def _gemm_cuda(a, w, bias, activation, config):
         check_config_arg(config)
         return _activate(F.linear(a, w, bias), activation)
     m = a.numel() // k
-    plan = _plans.get((config, a.dtype, activation, m, n, k, bias is not None, a.device, _db_epoch()))
+    epoch = _db_epoch()
+    plan = _plans.get((config, a.dtype, activation, m, n, k, bias is not None, a.device, epoch))
     if plan is None:  # first call of this key: the full checks, then a plan
         _check(a, w, bias, activation)
         check_config_arg(config)
@@ -237,7 +238,7 @@ def _gemm_cuda(a, w, bias, activation, config):
         plan = get_plan(a, w, bias, activation, config)
     plan.calls += 1
     if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
-        _hot.install_gemm(config, a.dtype, activation, m, n, k, bias is not None, a.device, plan)
+        _hot.install_gemm(config, a.dtype, activation, m, n, k, bias is not None, a.device, plan, epoch)
     return plan.run(a, w, bias)
 
 
