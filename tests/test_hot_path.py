@@ -203,6 +203,35 @@ def test_cpp_hot_path_on_cpu(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-5000:]
 
 
+COMPILE_SCRIPT = r'''
+import torch
+import oasr_ops
+from oasr_ops.families import hot_path
+from oasr_ops.inductor import backend as be
+
+be._any_cuda = lambda inputs: True  # as for CUDA inputs: the backend switches the hot path on while it compiles
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+x = torch.randn(4, 32)
+compiled = torch.compile(model, backend="oasr", dynamic=True)
+with torch.no_grad():
+    y = compiled(x)
+    torch.testing.assert_close(y, model(x))
+assert hot_path.enabled() == "CUDA", hot_path.enabled()
+assert torch.ops.oasr_hot.size() == 0  # nothing ran on CUDA
+print("OK")
+'''
+
+
+@pytest.mark.slow
+def test_backend_switches_the_hot_path_on_inside_a_real_compile(tmp_path):
+    """The backend enables the hot path from inside Dynamo's compile (a real torch.compile, the real build): no
+    tracing mode sees the registration, the compiled model still computes the model."""
+    env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-5000:]
+
+
 def test_build_failure_is_a_build_error(tmp_path, monkeypatch):
     """No compiler: a BuildError saying so; a compiler that fails: a BuildError naming its log, which holds the
     command; nothing is installed either way."""

@@ -61,7 +61,9 @@ def enabled() -> str | None:
 
 def enable(backend: str = "CUDA") -> None:
     """Build (once, cached like the kernels) and load the C++ library, then serve `oasr::gemm` at `backend` from it.
-    Raises BuildError / LoadError (codegen/host_ext.py) when it cannot, leaving the Python path in place."""
+    Raises BuildError / LoadError (codegen/host_ext.py) when it cannot, leaving the Python path in place. Switch it
+    on before serving, not while other threads call the op: between the Python kernel's removal and the C++ one's
+    registration (microseconds) a call of the op at that key finds no kernel."""
     global _backend, _python_impl_lib, installing
     from ..codegen.host_ext import HostExtension
 
@@ -85,7 +87,6 @@ def enable(backend: str = "CUDA") -> None:
             raise
         _python_impl_lib, _backend, installing = lib, backend, True
         _removed[backend] = removed
-
 
 
 def disable() -> None:

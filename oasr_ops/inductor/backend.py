@@ -92,10 +92,13 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
         return
     why_not = "off (cpp_hot_path=False)"
     if cpp_hot_path:
+        from torch.utils._python_dispatch import _disable_current_modes
+
         from ..families import hot_path
 
         try:
-            hot_path.enable("CUDA")
+            with _disable_current_modes():  # registering kernels is no tensor op for a tracing mode to see
+                hot_path.enable("CUDA")
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"
