@@ -84,8 +84,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     (small batches; on a slow host every batch) can run slower than backend="inductor". So `oasr::gemm` is switched
     to its C++ hot path (families/hot_path.py; unless ``cpp_hot_path=False``; built once like a kernel, a failure
     keeps the Python op), and one warning per process says what is left — measured on the H200 (docs/perf/e2e.md,
-    "Serving traffic without CUDA graphs"): fp16 0.90x of Inductor with the hot path (0.74-0.75x without), int8
-    0.56-0.61x (its int8 ops have no C++ path yet); with mode="reduce-overhead" the same models are the faster ones."""
+    "The C++ hot path of oasr::gemm"): fp16 0.90-1.00x of Inductor with the hot path (0.74-0.88x without), int8
+    0.61-0.68x (its int8 ops have no C++ path yet); with mode="reduce-overhead" the same models are the faster ones."""
     import torch._inductor.config as inductor_config
 
     if patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs) or not _any_cuda(example_inputs):
@@ -106,8 +106,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             else f"the C++ hot path of oasr::gemm is {why_not}: every oasr op call adds Python host time")
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
-               'than backend="inductor" (measured on the H200, variable-length traffic: fp16 0.90x with the C++ hot '
-               'path, 0.75x without; int8 0.56-0.61x); compile with mode="reduce-overhead" (options={"mode": '
+               'than backend="inductor" (measured on the H200, variable-length traffic: fp16 0.90-1.00x with the C++ '
+               'hot path, 0.74-0.88x without; int8 0.61-0.68x); compile with mode="reduce-overhead" (options={"mode": '
                '"reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA graphs")')
 
 
