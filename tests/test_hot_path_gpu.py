@@ -146,3 +146,33 @@ def test_grad_mode_forward_runs_backward_raises(hot):
     torch.testing.assert_close(y.float(), _ref(a, w.detach(), None, "none"), rtol=1e-2, atol=1e-2)
     with pytest.raises(RuntimeError, match="no backward"):
         y.sum().backward()
+
+
+def test_backend_switches_it_on_without_cuda_graphs():
+    """backend="oasr" without CUDA graphs serves its gemm sites from the C++ table; with CUDA graphs it does not
+    switch anything on. Outputs match the eager model."""
+    from oasr_ops.families import hot_path
+    from oasr_ops.families.gemm import ops
+
+    hot_path.disable()
+    ops.reset_plans()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 256)).cuda().half()
+    x = torch.randn(8, 100, 256, device="cuda", dtype=torch.float16)
+    try:
+        with torch.no_grad():
+            graphs = torch.compile(model, backend="oasr", options={"mode": "reduce-overhead"})
+            graphs(x)
+            assert hot_path.enabled() is None
+            compiled = torch.compile(model, backend="oasr", dynamic=True)
+            for _ in range(3):
+                y = compiled(x)
+            assert hot_path.enabled() == "CUDA"
+            ref = model(x)
+        torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
+        assert torch.ops.oasr_hot.size() > 0
+        answered = torch.ops.oasr_hot.drain_calls()  # (slot, calls) pairs counted by the C++ table
+        assert sum(answered[1::2]) >= 4  # two sites: each one's first call installs, the next two are C++'s
+    finally:
+        hot_path.disable()
+        ops.reset_plans()
