@@ -138,6 +138,25 @@ def test_bad_calls_go_to_python(hot):
         torch.testing.assert_close(y.float(), _ref(shifted, w, None, "none"), rtol=1e-2, atol=1e-2)
 
 
+def test_inference_mode_is_answered_in_cpp(hot):
+    """Under torch.inference_mode() the autograd keys are skipped: the CUDA kernel (C++) answers directly."""
+    from oasr_ops.families.gemm.kernels import lanes_for
+    from oasr_ops.runtime.arch import current_arch_family
+
+    kernel = lanes_for(current_arch_family())[0].default.id
+    a = torch.randn(2, 50, 512, dtype=torch.float16, device="cuda")
+    w = torch.randn(768, 512, dtype=torch.float16, device="cuda") / 512**0.5
+    b = torch.randn(768, dtype=torch.float16, device="cuda")
+    with torch.inference_mode():
+        for cfg in (kernel, "torch"):
+            first = torch.ops.oasr.gemm.default(a, w, b, "silu", cfg)
+            hot.collect_calls()
+            second = torch.ops.oasr.gemm.default(a, w, b, "silu", cfg)
+            assert sum(torch.ops.oasr_hot.drain_calls()[1::2]) == 1, cfg
+            torch.cuda.synchronize()
+            assert torch.equal(first, second), cfg
+
+
 def test_grad_mode_forward_runs_backward_raises(hot):
     a = torch.randn(8, 64, dtype=torch.float16, device="cuda")
     w = torch.randn(32, 64, dtype=torch.float16, device="cuda", requires_grad=True)
