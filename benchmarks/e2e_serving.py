@@ -302,7 +302,8 @@ def main() -> int:
     p.add_argument("--calib", type=int, default=4, help="calibration batches for the int8 variant")
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--variants", default="fp16,fp16-oasr,int8")
+    p.add_argument("--variants", default="fp16,fp16-oasr,fp16-oasr-cpp,int8,int8-cpp",
+                   help="comma list (module docstring); a -cpp variant reuses its base variant's compiled function")
     p.add_argument("--host-profile", type=int, default=0,
                    help="cProfile N calls of each variant on the first request after the rounds (host time per op)")
     p.add_argument("--launch-profile", type=int, default=0,
