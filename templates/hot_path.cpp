@@ -1,6 +1,6 @@
 // The C++ hot path of `oasr::gemm` (docs/architecture.md, "Without CUDA graphs the host decides"): built by
 // oasr_ops/codegen/host_ext.py with the host C++ compiler against the installed torch, loaded and switched on by
-// oasr_ops/runtime/hot_path.py. Every decision stays in Python; this file only replays decisions already made.
+// oasr_ops/families/hot_path.py. Every decision stays in Python; this file only replays decisions already made.
 //
 // A table maps a call key (config string, dtype, activation, M, N, K, bias, device index) to the plan Python made
 // for it (families/gemm/ops.py `_gemm_cuda`): a torch arm (at::linear + the activation, or cuBLASLt's fused
