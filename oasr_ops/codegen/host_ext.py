@@ -102,11 +102,9 @@ class HostExtension(CompiledLibrary):
     def load(self) -> Path:
         import torch
 
-        path = self.so_path
-        if _LOADED and str(path) not in _LOADED:
-            # A process holds one: its ops namespace cannot be registered twice (a JIT directory changed since).
-            path = Path(next(iter(_LOADED)))
-        if str(path) not in _LOADED:
+        global _loaded_path
+        path = _loaded_path or self.so_path  # a process holds one: its ops namespace registers once
+        if _loaded_path is None:
             if _verify(path) is not None:
                 if not on_demand_builds_allowed():
                     raise BuildError(f"the C++ hot path is not prebuilt ({path}) and OASR_JIT_BUILD=off forbids "
@@ -119,11 +117,11 @@ class HostExtension(CompiledLibrary):
                 torch.ops.load_library(str(path))
             except OSError as e:
                 raise LoadError(f"cannot load {path}: {e}") from None
-            _LOADED.add(str(path))
+            _loaded_path = path
         got = int(torch.ops.oasr_hot.abi_version())
         if got != self.abi_version:
             raise LoadError(f"{path}: ABI version {got}, expected {self.abi_version}")
         return path
 
 
-_LOADED: set[str] = set()
+_loaded_path: Path | None = None  # the library this process loaded (whatever the JIT directory says since)

@@ -69,6 +69,8 @@ def enable(backend: str = "CUDA") -> None:
 
     if backend not in ("CUDA", "CPU"):
         raise ValueError(f"oasr_ops hot path: backend must be 'CUDA' or 'CPU', got {backend!r}")
+    if _backend == backend:  # on already (the backend asks at every compile): no key to hash, nothing to load
+        return
     HostExtension().load()
     with _LOCK:
         if _backend == backend:

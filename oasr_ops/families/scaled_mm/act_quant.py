@@ -161,15 +161,14 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
         _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
         ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                           ("bias", bias), ("out_scale", out_scale))
-        ops.check_out_scale(out_scale)
         n, k = w.shape
         m = ops._rows(a, k)
         if m == 0:
+            ops.check_out_scale(out_scale)
             return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
         if plan is None:
             plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
-    else:
-        ops.check_out_scale(out_scale)
+    ops.check_out_scale(out_scale)
     plan.calls += 1
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
