@@ -21,8 +21,9 @@ dispatcher + autograd + one launch, nothing of ours) and `aten/empty` (one torch
 On the GPU machine `--device cuda` times the real ops back to back at M = 16 (host-bound: the kernels take a few us)
 instead: wall time per call through `torch.ops.oasr.*`, no stubs, beside the aten ops they replace (F.linear,
 F.layer_norm). Each figure is the minimum over blocks of `--calls` calls, the callables alternating block by block.
-`--hot-path` (both devices) also times the gemm cases through `oasr::gemm`'s C++ hot path (`cpp_op`;
-oasr_ops/families/hot_path.py), served at the CPU key on the cpu with the stub kernel library behind it.
+`--hot-path` (both devices) also times the ops the C++ hot path serves through it (`cpp_op`;
+oasr_ops/families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv), served at the CPU key on the cpu with the
+stub kernel library behind it.
 """
 from __future__ import annotations
 
@@ -181,8 +182,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--rows", type=int, default=None, help="M (default: 1000 on cpu, 16 on cuda)")
     ap.add_argument("--hot-path", action="store_true",
-                    help="also time oasr::gemm through its C++ hot path (`oasr_ops.enable_cpp_hot_path()`; on the "
-                         "cpu, served at the CPU key with the stub kernel library)")
+                    help="also time the ops the C++ hot path serves through it (`oasr_ops.enable_cpp_hot_path()`; "
+                         "on the cpu, served at the CPU key with the stub kernel library)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -215,6 +216,8 @@ def main() -> None:
                                  sync)
         results["aten/empty"] = _time({"op": lambda: torch.empty((m, 2048), dtype=torch.float16)}, (), args.calls,
                                       args.blocks, sync)
+    from oasr_ops.families import hot_path
+
     mirrors: dict[str, object] = {}
     with torch.no_grad():
         for name, qualname, impl, op_args in _cases(device, m):
@@ -225,14 +228,12 @@ def main() -> None:
             else:
                 fns = {"op": torch._library.utils.lookup_op(qualname)}
             row = _time(fns, op_args, args.calls, args.blocks, sync)
-            if args.hot_path and qualname == "oasr::gemm":
-                from oasr_ops.families import hot_path
-
+            if args.hot_path and qualname.split("::")[1] in hot_path.OPS:
                 # the real op through its C++ hot path (the first call misses and installs the plan); on the cpu
                 # served at the CPU key, its misses going to this `_cuda` function with the stub kernels
                 hot_path.enable(device.upper())
-                row["cpp_op"] = _time({"op": torch.ops.oasr.gemm.default}, op_args, args.calls, args.blocks,
-                                      sync)["op"]
+                row["cpp_op"] = _time({"op": torch._library.utils.lookup_op(qualname)}, op_args, args.calls,
+                                      args.blocks, sync)["op"]
                 hot_path.disable()
             results[name] = row
             print(f"{name:22s} " + "  ".join(f"{k} {v:6.2f} us" for k, v in row.items()), flush=True)

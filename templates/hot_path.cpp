@@ -1,94 +1,135 @@
-// The C++ hot path of `oasr::gemm` (docs/architecture.md, "Without CUDA graphs the host decides"): built by
-// oasr_ops/codegen/host_ext.py with the host C++ compiler against the installed torch, loaded and switched on by
-// oasr_ops/families/hot_path.py. Every decision stays in Python; this file only replays decisions already made.
+// The C++ hot path of the oasr ops a served model calls most (docs/architecture.md, "Without CUDA graphs the host
+// decides"): `oasr::gemm`, the int8 GEMMs `oasr::scaled_mm`, `scaled_mm_quant`, `scaled_mm_act_quant`,
+// `scaled_mm_residual`, and `oasr::conv1d_depthwise`. Built by oasr_ops/codegen/host_ext.py with the host C++
+// compiler against the installed torch, loaded and switched on by oasr_ops/families/hot_path.py. Every decision
+// stays in Python; this file only replays decisions already made.
 //
-// A table maps a call key (config string, dtype, activation, M, N, K, bias, device index) to the plan Python made
-// for it (families/gemm/ops.py `_gemm_cuda`): a torch arm (at::linear + the activation, or cuBLASLt's fused
-// bias + ReLU) or a kernel (the launcher's C function pointer, split, epilogue code, workspace size). A call whose
-// key has a plan and whose operands pass the checks the key does not imply (contiguity, the operands' dtypes and
-// devices, the bias shape, 16-byte alignment for a kernel) runs here; any other call goes to the Python
-// implementation, registered as `oasr::_gemm_py` at the same backend key, which checks everything, raises or
-// makes the plan, runs it and installs it here. So a call never gets an answer the Python path would not give.
+// One table maps a call key (op, config string, and the integers the Python plan cache keys the call by: dtypes,
+// shapes, bias or not, devices) to the plan Python made for it (each family's `_cuda`): for gemm a torch arm
+// (at::linear + the activation, or cuBLASLt's fused bias + ReLU) or a kernel; for the others a kernel only (their
+// torch arms are Python reference code, left to Python). A kernel plan holds the launcher's C function pointer and
+// the launch constants (workspace size, split, alignment rules). A call whose key has a plan and whose operands pass
+// the checks the key does not imply (each family's `fast_ok`: contiguity, dtypes and devices of the operands the key
+// leaves out, scale and bias shapes, pointer alignment for a kernel, and for a quantizing op an `out_scale` whose
+// values Python has checked at its current version) runs here; any other call goes to the op's Python
+// implementation, registered as `oasr::_<op>_py` at the same backend key, which checks everything, raises or makes
+// the plan, runs it and installs it here. So a call never gets an answer the Python path would not give.
 //
-// Registration is dynamic (`enable_gemm(backend)`): the Python side first removes its own kernel for that key,
-// then this file registers `oasr::gemm` at <backend> and Autograd<backend>; `disable()` drops both registrations
-// and Python restores its kernel. <backend> is CUDA, or CPU for the CPU suite (stub launchers, no stream).
+// Registration is dynamic (`enable(backend, ops)`): the Python side first removes its own kernel of each op for
+// that key, then this file registers the ops at <backend> and Autograd<backend>; `disable()` drops the
+// registrations and Python restores its kernels. <backend> is CUDA, or CPU for the CPU suite (stub launchers, no
+// stream).
 //
-// The Autograd kernel does what families/autograd.py `inference_only` does in Python: without grad, the hit path
+// The Autograd kernels do what families/autograd.py `inference_only` does in Python: without grad, the hit path
 // directly when the only key below autograd is the backend; with grad, an autograd Function whose backward raises
-// (the op is an inference kernel); anything else (tracing modes, functionalization) redispatches below autograd.
+// (the ops are inference kernels); anything else (tracing modes, functionalization) redispatches below autograd.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kAbiVersion = 1;  // bump with any change of the ops below (hot_path.py checks it)
+constexpr int64_t kAbiVersion = 2;  // bump with any change of the ops below (codegen/host_ext.py checks it)
 
-// oasr_run of a gemm kernel library (templates/_abi.cu.j2)
+// The ops served here; the codes are families/hot_path.py `OPS`.
+enum Op : int64_t { kGemm = 0, kScaledMm, kScaledMmQuant, kScaledMmActQuant, kScaledMmResidual, kConv1dDepthwise,
+                    kNumOps };
+constexpr const char* kOpNames[kNumOps] = {"gemm", "scaled_mm", "scaled_mm_quant", "scaled_mm_act_quant",
+                                           "scaled_mm_residual", "conv1d_depthwise"};
+
+// The launchers' C ABI (templates/_abi.cu.j2, _scaled_mm_abi.cu.j2, conv1d_depthwise.cu.j2): `oasr_run`,
+// `oasr_smm_run` (x = out_scale, x_arg = its per-row flag), `oasr_smmr_run` (x = residual, x_arg = alpha),
+// `oasr_dwconv_run`.
 using GemmLauncher = int (*)(const void* a, const void* w, const void* bias, void* d, int M, int N, int K,
                              int split_k, int act, void* workspace, size_t workspace_bytes, void* stream);
+using SmmLauncher = int (*)(const void* a, const void* w, const void* sa, int sa_per_row, const void* sw,
+                            int sw_per_col, const void* bias, const void* x, int x_arg, void* out, int M, int N, int K,
+                            void* workspace, size_t workspace_bytes, void* stream);
+using SmmrLauncher = int (*)(const void* a, const void* w, const void* sa, int sa_per_row, const void* sw,
+                             int sw_per_col, const void* bias, const void* x, float x_arg, void* out, int M, int N,
+                             int K, void* workspace, size_t workspace_bytes, void* stream);
+using DwconvLauncher = int (*)(const void* x, const void* w, int w_fp32, const void* bias, int bias_fp32, void* out,
+                               int B, int T, int C, int Kw, int act, int glu, void* workspace, size_t workspace_bytes,
+                               void* stream);
 
 enum Arm : int64_t { kTorch = 0, kTorchFusedRelu = 1, kKernel = 2 };
+using Ints = c10::SmallVector<int64_t, 24>;
 
-struct GemmKey {
+struct PlanKey {
+  int64_t op;
   std::string config;
-  int64_t m, n, k;
-  int8_t dtype, act, device;
-  bool bias;
-  bool operator==(const GemmKey& o) const {
-    return m == o.m && n == o.n && k == o.k && dtype == o.dtype && act == o.act && device == o.device &&
-           bias == o.bias && config == o.config;
-  }
+  Ints ints;  // what the op's Python plan key holds besides the config (hot_path.py documents each op's list)
+  bool operator==(const PlanKey& o) const { return op == o.op && ints == o.ints && config == o.config; }
 };
 
-struct GemmKeyHash {
-  size_t operator()(const GemmKey& key) const {
-    size_t h = std::hash<std::string>()(key.config);
-    for (int64_t v : {key.m, key.n, key.k, int64_t(key.dtype) << 24 | int64_t(key.act) << 16 |
-                                              int64_t(key.device) << 8 | int64_t(key.bias)}) {
-      h = (h ^ std::hash<int64_t>()(v)) * 0x100000001b3ull;
-    }
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    size_t h = std::hash<std::string>()(key.config) ^ static_cast<size_t>(key.op);
+    for (int64_t v : key.ints) h = (h ^ std::hash<int64_t>()(v)) * 0x100000001b3ull;
     return h;
   }
 };
 
-struct GemmPlan {
+struct Plan {
   Arm arm;
-  GemmLauncher launcher;
-  int split, act;
-  int64_t workspace_bytes, slot;
+  void* launcher;
+  c10::SmallVector<int64_t, 8> params;  // the launch constants (hot_path.py documents each op's list)
+  int64_t slot;
   std::string config_id;  // for the error message of a failing launch
   std::atomic<int64_t> calls{0};
 };
 
+// What a hit copies out of the table (the plan itself may be cleared once the lock is released).
+struct Found {
+  Arm arm;
+  void* launcher;
+  c10::SmallVector<int64_t, 8> params;
+};
+
 std::shared_mutex table_mutex;
-std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> gemm_table;
-std::vector<GemmPlan*> gemm_slots;  // slot -> plan (owned by gemm_table), for call counts
+std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> table;
+std::vector<Plan*> slots;  // slot -> plan (owned by table), for call counts
 
 c10::DispatchKey backend_key = c10::DispatchKey::CUDA;
-std::unique_ptr<torch::Library> backend_lib, autograd_lib;
+std::vector<std::unique_ptr<torch::Library>> libraries;  // the registrations enable() made
 
-int activation_code(c10::string_view activation) {
-  if (activation == "none") return 0;
-  if (activation == "relu") return 1;
-  if (activation == "gelu") return 2;
-  if (activation == "silu") return 3;
-  return -1;
+std::optional<Found> find_plan(const PlanKey& key) {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(key);
+  if (it == table.end()) return std::nullopt;
+  Plan& plan = *it->second;
+  plan.calls.fetch_add(1, std::memory_order_relaxed);
+  return Found{plan.arm, plan.launcher, plan.params};
 }
+
+std::string config_id_of(const PlanKey& key) {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(key);
+  return it == table.end() ? std::string("?") : it->second->config_id;
+}
+
+int64_t device_code(const at::Device& device) {  // type and index in one integer (hot_path.py `device_code`)
+  return static_cast<int64_t>(device.type()) * 256 + device.index() + 1;
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 void* current_stream(const at::Device& device) {
   if (device.type() != c10::DeviceType::CUDA) return nullptr;  // the CPU suite's stub launchers
@@ -96,7 +137,67 @@ void* current_stream(const at::Device& device) {
   return impl->getStreamNativeHandle(impl->getStream(device));
 }
 
-// The hit path: the plan's answer, or nullopt when the call must go to the Python implementation.
+[[noreturn]] void launch_failed(const char* op, const PlanKey& key, int rc, int64_t m, int64_t n, int64_t k) {
+  TORCH_CHECK(false, "oasr.", op, ": kernel ", config_id_of(key), " failed with status ", rc, " on M=", m, " N=", n,
+              " K=", k);
+}
+
+// ---------------------------------------------------------------------------------- out_scale values checked
+
+// A quantizing op reads its out_scale only once Python has checked its values (scaled_mm/out_scale.py: finite and
+// > 0; reading them synchronizes the device). Python reports each passing check here: the storage (held weakly: its
+// address stays unique while the entry lives), the data pointer, the size and the version of the tensor checked.
+// A tensor without a version counter (made in inference mode) is never taken from here: Python checks it per call.
+struct ScaleKey {
+  const c10::StorageImpl* storage;
+  const void* ptr;
+  int64_t numel;
+  bool operator==(const ScaleKey& o) const { return storage == o.storage && ptr == o.ptr && numel == o.numel; }
+};
+struct ScaleKeyHash {
+  size_t operator()(const ScaleKey& k) const {
+    return std::hash<const void*>()(k.storage) ^ (std::hash<const void*>()(k.ptr) * 31) ^ std::hash<int64_t>()(k.numel);
+  }
+};
+struct ScaleSeen {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t version;
+};
+std::shared_mutex scale_mutex;
+std::unordered_map<ScaleKey, ScaleSeen, ScaleKeyHash> scales_checked;
+
+bool out_scale_checked(const at::Tensor& t) {
+  if (t.is_inference() || !t.has_storage()) return false;
+  const int64_t version = t._version();
+  std::shared_lock<std::shared_mutex> lock(scale_mutex);
+  auto it = scales_checked.find(ScaleKey{t.storage().unsafeGetStorageImpl(), t.data_ptr(), t.numel()});
+  return it != scales_checked.end() && it->second.version == version && !it->second.storage.expired();
+}
+
+void out_scale_passed(const at::Tensor& t) {
+  if (t.is_inference() || !t.has_storage()) return;
+  const int64_t version = t._version();
+  std::unique_lock<std::shared_mutex> lock(scale_mutex);
+  if (scales_checked.size() >= 4096) {  // storages freed since: drop their entries
+    for (auto it = scales_checked.begin(); it != scales_checked.end();) {
+      it = it->second.storage.expired() ? scales_checked.erase(it) : std::next(it);
+    }
+  }
+  scales_checked.insert_or_assign(ScaleKey{t.storage().unsafeGetStorageImpl(), t.data_ptr(), t.numel()},
+                                  ScaleSeen{t.storage().getWeakStorageImpl(), version});
+}
+
+// ---------------------------------------------------------------------------------- oasr::gemm
+
+int gemm_activation_code(c10::string_view activation) {  // families/gemm/ops.py ACTIVATIONS
+  if (activation == "none") return 0;
+  if (activation == "relu") return 1;
+  if (activation == "gelu") return 2;
+  if (activation == "silu") return 3;
+  return -1;
+}
+
+// Key ints: dtype, activation, M, N, K, bias, device. Params: split, activation, workspace bytes.
 std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                                    c10::string_view activation, c10::string_view config) {
   // What the plan key does not imply (families/gemm/ops.py `_fast_ok`, plus alignment for a kernel below).
@@ -113,36 +214,15 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
       return std::nullopt;
     }
   }
-  const int act = activation_code(activation);
+  const int act = gemm_activation_code(activation);
   if (act < 0) return std::nullopt;
   const int64_t m = a.numel() / k;
   if (m == 0) return std::nullopt;
-  GemmKey key{std::string(config), m, n, k, static_cast<int8_t>(a.scalar_type()), static_cast<int8_t>(act),
-              static_cast<int8_t>(a.device().index()), has_bias};
-  Arm arm;
-  GemmLauncher launcher;
-  int split, plan_act;
-  int64_t ws_bytes;
-  {
-    std::shared_lock<std::shared_mutex> lock(table_mutex);
-    auto it = gemm_table.find(key);
-    if (it == gemm_table.end()) return std::nullopt;
-    GemmPlan& plan = *it->second;
-    if (plan.arm == kKernel) {
-      constexpr uintptr_t kAlign = 16;  // TMA descriptors and 128-bit vector loads
-      if (reinterpret_cast<uintptr_t>(a.data_ptr()) % kAlign || reinterpret_cast<uintptr_t>(w.data_ptr()) % kAlign ||
-          (has_bias && reinterpret_cast<uintptr_t>(bias->data_ptr()) % kAlign)) {
-        return std::nullopt;  // Python warns once and serves torch for such calls
-      }
-    }
-    plan.calls.fetch_add(1, std::memory_order_relaxed);
-    arm = plan.arm;
-    launcher = plan.launcher;
-    split = plan.split;
-    plan_act = plan.act;
-    ws_bytes = plan.workspace_bytes;
-  }
-  if (arm == kTorchFusedRelu) {
+  PlanKey key{kGemm, std::string(config),
+              {static_cast<int64_t>(a.scalar_type()), act, m, n, k, has_bias, device_code(a.device())}};
+  auto found = find_plan(key);
+  if (!found) return std::nullopt;
+  if (found->arm == kTorchFusedRelu) {
     if (!has_bias) {
       at::Tensor y = at::linear(a, w);
       return at::relu_(y);
@@ -151,7 +231,7 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
     out_sizes.back() = n;
     return at::_addmm_activation(*bias, a.reshape({m, k}), w.t(), 1, 1, false).view(out_sizes);
   }
-  if (arm == kTorch) {
+  if (found->arm == kTorch) {
     at::Tensor y = has_bias ? at::linear(a, w, *bias) : at::linear(a, w);
     switch (act) {
       case 1: return at::relu_(y);
@@ -160,114 +240,338 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
       default: return y;
     }
   }
+  constexpr uintptr_t kAlign = 16;  // TMA descriptors and 128-bit vector loads
+  if (!aligned(a.data_ptr(), kAlign) || !aligned(w.data_ptr(), kAlign) ||
+      (has_bias && !aligned(bias->data_ptr(), kAlign))) {
+    return std::nullopt;  // Python warns once and serves torch for such calls
+  }
+  const int split = static_cast<int>(found->params[0]), plan_act = static_cast<int>(found->params[1]);
+  const int64_t ws_bytes = found->params[2];
   c10::DeviceGuard guard(a.device());
   c10::SmallVector<int64_t, 6> out_sizes(a.sizes().begin(), a.sizes().end());
   out_sizes.back() = n;
   at::Tensor out = at::empty(out_sizes, a.options());
   at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, a.options().dtype(at::kByte)) : at::Tensor();
-  const int rc = launcher(a.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr, out.data_ptr(),
-                          static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), split, plan_act,
-                          ws_bytes ? ws.data_ptr() : nullptr, static_cast<size_t>(ws_bytes), current_stream(a.device()));
-  if (rc != 0) {
-    std::string id;  // looked up again: the plan may have been cleared since the lock above was released
-    {
-      std::shared_lock<std::shared_mutex> lock(table_mutex);
-      auto it = gemm_table.find(key);
-      id = it == gemm_table.end() ? std::string("?") : it->second->config_id;
+  const int rc = reinterpret_cast<GemmLauncher>(found->launcher)(
+      a.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr, out.data_ptr(), static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), split, plan_act, ws_bytes ? ws.data_ptr() : nullptr,
+      static_cast<size_t>(ws_bytes), current_stream(a.device()));
+  if (rc != 0) launch_failed("gemm", key, rc, m, n, k);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------- the int8 scaled GEMMs
+
+// families/scaled_mm/ops.py `_vec_ok`: fp32, 1-D, [1] or [full], on the device, contiguous
+bool vec_ok(const at::Tensor& t, int64_t full, const at::Device& device) {
+  return t.defined() && t.scalar_type() == at::kFloat && t.dim() == 1 && (t.size(0) == 1 || t.size(0) == full) &&
+         t.device() == device && t.is_contiguous();
+}
+
+// One hit path for scaled_mm, scaled_mm_quant, scaled_mm_act_quant and scaled_mm_residual. `variant` is what their
+// Python plan key holds beside the shape: the out dtype (scaled_mm, scaled_mm_residual), the activation
+// (scaled_mm_act_quant), nothing (scaled_mm_quant). `extra`: out_scale (quantizing ops) or the residual.
+// Key ints: variant, M, N, K, bias, device. Params: workspace bytes, scale/bias vector alignment in bytes, whether
+// a per-tensor scale_w is expanded to [N] first (the 2.x kernels read it as float4 vectors).
+std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                        const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                        const at::Tensor* extra, double alpha, at::ScalarType out_dtype,
+                                        int64_t variant, c10::string_view config) {
+  // families/scaled_mm/ops.py `fast_ok` (and residual.py `_fast_ok`, act_quant.py's out_scale check)
+  if (a.scalar_type() != at::kChar || w.scalar_type() != at::kChar || w.dim() != 2 || a.dim() < 1) {
+    return std::nullopt;
+  }
+  const int64_t n = w.size(0), k = w.size(1);
+  if (n == 0 || k == 0 || a.size(-1) != k) return std::nullopt;
+  const at::Device device = a.device();
+  if (w.device() != device || !a.is_contiguous() || !w.is_contiguous()) return std::nullopt;
+  const int64_t m = a.numel() / k;
+  if (m == 0 || !vec_ok(scale_a, m, device) || !vec_ok(scale_w, n, device)) return std::nullopt;
+  const bool quant = op == kScaledMmQuant || op == kScaledMmActQuant;
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    const at::Tensor& b = *bias;
+    if (b.scalar_type() != (quant ? at::kFloat : out_dtype) || b.dim() != 1 || b.size(0) != n ||
+        b.device() != device || !b.is_contiguous()) {
+      return std::nullopt;
     }
-    TORCH_CHECK(false, "oasr.gemm: kernel ", id, " failed with status ", rc, " on M=", m, " N=", n, " K=", k);
+  }
+  if (quant && !(vec_ok(*extra, m, device) && out_scale_checked(*extra))) return std::nullopt;
+  if (op == kScaledMmResidual) {
+    const at::Tensor& r = *extra;
+    if (!r.defined() || r.scalar_type() != out_dtype || r.device() != device || !r.is_contiguous() ||
+        r.dim() != a.dim() || r.size(-1) != n || !std::equal(r.sizes().begin(), r.sizes().end() - 1, a.sizes().begin())) {
+      return std::nullopt;
+    }
+    if (!std::isfinite(alpha) || std::abs(alpha) > static_cast<double>(FLT_MAX)) return std::nullopt;
+  }
+  PlanKey key{op, std::string(config), {variant, m, n, k, has_bias, device_code(device)}};
+  auto found = find_plan(key);
+  if (!found || found->arm != kKernel) return std::nullopt;
+  const int64_t ws_bytes = found->params[0];
+  const uintptr_t vec_align = static_cast<uintptr_t>(found->params[1]);
+  at::Tensor sw = scale_w;
+  if (found->params[2] && sw.numel() == 1 && n > 1) sw = sw.expand({n}).contiguous();
+  if (!aligned(a.data_ptr(), 16) || !aligned(w.data_ptr(), 16) || !aligned(sw.data_ptr(), vec_align) ||
+      (has_bias && !aligned(bias->data_ptr(), vec_align)) ||
+      (op == kScaledMmResidual && !aligned(extra->data_ptr(), 16))) {
+    return std::nullopt;  // Python warns once and serves its reference for such calls
+  }
+  c10::DeviceGuard guard(device);
+  c10::SmallVector<int64_t, 6> out_sizes(a.sizes().begin(), a.sizes().end());
+  out_sizes.back() = n;
+  at::Tensor out = at::empty(out_sizes, a.options().dtype(quant ? at::kChar : out_dtype));
+  at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, a.options().dtype(at::kByte)) : at::Tensor();
+  const int sa_per_row = scale_a.numel() != 1 || m == 1, sw_per_col = sw.numel() != 1 || n == 1;
+  const void* bias_ptr = has_bias ? bias->data_ptr() : nullptr;
+  void* ws_ptr = ws_bytes ? ws.data_ptr() : nullptr;
+  void* stream = current_stream(device);
+  int rc;
+  if (op == kScaledMmResidual) {
+    rc = reinterpret_cast<SmmrLauncher>(found->launcher)(
+        a.data_ptr(), w.data_ptr(), scale_a.data_ptr(), sa_per_row, sw.data_ptr(), sw_per_col, bias_ptr,
+        extra->data_ptr(), static_cast<float>(alpha), out.data_ptr(), static_cast<int>(m), static_cast<int>(n),
+        static_cast<int>(k), ws_ptr, static_cast<size_t>(ws_bytes), stream);
+  } else {
+    const void* x = quant ? extra->data_ptr() : nullptr;
+    const int x_arg = quant && extra->numel() != 1;
+    rc = reinterpret_cast<SmmLauncher>(found->launcher)(
+        a.data_ptr(), w.data_ptr(), scale_a.data_ptr(), sa_per_row, sw.data_ptr(), sw_per_col, bias_ptr, x, x_arg,
+        out.data_ptr(), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), ws_ptr,
+        static_cast<size_t>(ws_bytes), stream);
+  }
+  if (rc != 0) launch_failed(kOpNames[op], key, rc, m, n, k);
+  return out;
+}
+
+int act_quant_code(c10::string_view activation) {  // families/scaled_mm/act_quant.py ACTIVATIONS, coded as gemm's
+  if (activation == "gelu") return 2;
+  if (activation == "silu") return 3;
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------- oasr::conv1d_depthwise
+
+// Key ints (families/conv1d/ops.py `_cuda`'s key): x dtype, w dtype, bias (-1, or its dtype, rank, sizes, device),
+// x rank and sizes, w rank and sizes, padding, layout (0 bct, 1 btc), activation (0 none, 1 silu), glu, x's device,
+// w's device. Params: B, T, C, Kw, the kernel's activation code, glu.
+std::optional<at::Tensor> conv1d_hit(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                                     int64_t padding, c10::string_view layout, c10::string_view activation,
+                                     c10::string_view config, bool glu) {
+  const int64_t layout_code = layout == "bct" ? 0 : layout == "btc" ? 1 : -1;
+  const int64_t act = activation == "none" ? 0 : activation == "silu" ? 1 : -1;
+  if (layout_code < 0 || act < 0 || x.dim() != 3 || w.dim() != 3) return std::nullopt;
+  const bool has_bias = bias.has_value() && bias->defined();
+  Ints ints{static_cast<int64_t>(x.scalar_type()), static_cast<int64_t>(w.scalar_type())};
+  if (has_bias) {
+    ints.append({static_cast<int64_t>(bias->scalar_type()), bias->dim()});
+    ints.append(bias->sizes().begin(), bias->sizes().end());
+    ints.push_back(device_code(bias->device()));
+  } else {
+    ints.push_back(-1);
+  }
+  ints.push_back(3);
+  ints.append(x.sizes().begin(), x.sizes().end());
+  ints.push_back(3);
+  ints.append(w.sizes().begin(), w.sizes().end());
+  ints.append({padding, layout_code, act, glu, device_code(x.device()), device_code(w.device())});
+  PlanKey key{kConv1dDepthwise, std::string(config), std::move(ints)};
+  auto found = find_plan(key);
+  if (!found || found->arm != kKernel) return std::nullopt;
+  const auto& p = found->params;  // B, T, C, Kw, act, glu
+  const int64_t c = p[2], kw = p[3];
+  c10::DeviceGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor w2 = w.reshape({c, kw});
+  if (!w2.is_contiguous()) w2 = w2.contiguous();
+  at::Tensor b;
+  if (has_bias) b = bias->is_contiguous() ? *bias : bias->contiguous();
+  c10::SmallVector<int64_t, 3> out_sizes(x.sizes().begin(), x.sizes().end());
+  if (glu) out_sizes[layout_code == 0 ? 1 : 2] /= 2;
+  at::Tensor out = at::empty(out_sizes, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int rc = reinterpret_cast<DwconvLauncher>(found->launcher)(
+      xc.data_ptr(), w2.data_ptr(), w2.scalar_type() == at::kFloat, has_bias ? b.data_ptr() : nullptr,
+      has_bias && b.scalar_type() == at::kFloat, out.data_ptr(), static_cast<int>(p[0]), static_cast<int>(p[1]),
+      static_cast<int>(c), static_cast<int>(kw), static_cast<int>(p[4]), static_cast<int>(p[5]), nullptr, 0,
+      current_stream(x.device()));
+  if (rc != 0) {
+    TORCH_CHECK(false, "oasr.conv1d_depthwise: kernel ", config_id_of(key), " failed with status ", rc, " on B=",
+                p[0], " T=", p[1], " C=", c, " Kw=", kw);
   }
   return out;
 }
 
-const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                          c10::string_view, c10::string_view)>&
-gemm_op(const char* name) {
-  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-                         c10::string_view);
-  static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("oasr::gemm", "").typed<Sig>();
-  static auto python = c10::Dispatcher::singleton().findSchemaOrThrow("oasr::_gemm_py", "").typed<Sig>();
-  return name[0] == 'g' ? gemm : python;
+// Each op's hit path with the op's schema (the argument types torch passes a kernel of it).
+std::optional<at::Tensor> scaled_mm_op_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                           const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                           at::ScalarType out_dtype, c10::string_view config) {
+  return scaled_mm_hit(kScaledMm, a, w, scale_a, scale_w, bias, nullptr, 0.0, out_dtype,
+                       static_cast<int64_t>(out_dtype), config);
 }
 
-// The backend kernel: the hit path, else the Python implementation at the same key.
-at::Tensor gemm_backend(const at::Tensor& a, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                        c10::string_view activation, c10::string_view config) {
-  if (auto out = gemm_hit(a, w, bias, activation, config)) return *std::move(out);
-  return gemm_op("_gemm_py").redispatch(c10::DispatchKeySet(backend_key), a, w, bias, activation, config);
+std::optional<at::Tensor> scaled_mm_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                              const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                              const at::Tensor& out_scale, c10::string_view config) {
+  return scaled_mm_hit(kScaledMmQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kChar, 0, config);
 }
 
-struct GemmNoBackward : public torch::autograd::Function<GemmNoBackward> {
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& a, const at::Tensor& w,
-                            const std::optional<at::Tensor>& bias, const std::string& activation,
-                            const std::string& config) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return gemm_op("gemm").call(a, w, bias, activation, config);
+std::optional<at::Tensor> scaled_mm_act_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                                  const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                                  const at::Tensor& out_scale, c10::string_view activation,
+                                                  c10::string_view config) {
+  const int act = act_quant_code(activation);
+  if (act < 0) return std::nullopt;
+  return scaled_mm_hit(kScaledMmActQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kChar, act, config);
+}
+
+std::optional<at::Tensor> scaled_mm_residual_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                                 const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                                 const at::Tensor& residual, double alpha, at::ScalarType out_dtype,
+                                                 c10::string_view config) {
+  return scaled_mm_hit(kScaledMmResidual, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
+                       static_cast<int64_t>(out_dtype), config);
+}
+
+// ---------------------------------------------------------------------------------- the dispatcher kernels
+
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && needs_grad(*t); }
+template <class T>
+bool needs_grad(const T&) { return false; }
+
+// The backend and Autograd kernels of one op, from its hit path (whose argument list is the op's schema).
+template <Op kOp, auto Hit, class Sig>
+struct Served;
+
+template <Op kOp, auto Hit, class... Args>
+struct Served<kOp, Hit, std::optional<at::Tensor>(Args...)> {
+  using Sig = at::Tensor(Args...);
+
+  static const c10::TypedOperatorHandle<Sig>& op() {
+    static const auto handle = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow((std::string("oasr::") + kOpNames[kOp]).c_str(), "")
+                                   .template typed<Sig>();
+    return handle;
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                 torch::autograd::variable_list) {
-    TORCH_CHECK(false, "oasr.gemm has no backward (an inference kernel): run it under torch.no_grad() or "
-                       "torch.inference_mode(), or use the aten op it replaces where gradients are needed");
+  // The Python implementation, registered under this name at the backend key while the hot path is on.
+  static const c10::TypedOperatorHandle<Sig>& python() {
+    static const auto handle = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow((std::string("oasr::_") + kOpNames[kOp] + "_py").c_str(), "")
+                                   .template typed<Sig>();
+    return handle;
+  }
+
+  // The backend kernel: the hit path, else the Python implementation at the same key.
+  static at::Tensor backend(Args... args) {
+    if (auto out = Hit(args...)) return *std::move(out);
+    return python().redispatch(c10::DispatchKeySet(backend_key), args...);
+  }
+
+  struct NoBackward : public torch::autograd::Function<NoBackward> {
+    static at::Tensor forward(torch::autograd::AutogradContext*, Args... args) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return op().call(args...);
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                   torch::autograd::variable_list) {
+      TORCH_CHECK(false, "oasr.", kOpNames[kOp], " has no backward (an inference kernel): run it under "
+                  "torch.no_grad() or torch.inference_mode(), or use the aten op it replaces where gradients are "
+                  "needed");
+    }
+  };
+
+  static at::Tensor autograd(c10::DispatchKeySet keys, Args... args) {
+    if (c10::GradMode::is_enabled() && (needs_grad(args) || ...)) return NoBackward::apply(args...);
+    if ((keys & c10::after_ADInplaceOrView_keyset) == c10::DispatchKeySet(backend_key)) return backend(args...);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op().redispatch(keys & c10::after_autograd_keyset, args...);
+  }
+
+  static void register_in(torch::Library& backend_lib, torch::Library& autograd_lib) {
+    backend_lib.impl(kOpNames[kOp], TORCH_FN(backend));
+    autograd_lib.impl(kOpNames[kOp], TORCH_FN(autograd));
   }
 };
 
-at::Tensor gemm_autograd(c10::DispatchKeySet keys, const at::Tensor& a, const at::Tensor& w,
-                         const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view config) {
-  if (c10::GradMode::is_enabled() &&
-      (a.requires_grad() || w.requires_grad() || (bias.has_value() && bias->defined() && bias->requires_grad()))) {
-    return GemmNoBackward::apply(a, w, bias, std::string(activation), std::string(config));
+template <Op kOp, auto Hit>
+using ServedOp = Served<kOp, Hit, std::remove_pointer_t<decltype(Hit)>>;
+
+void register_op(int64_t op, torch::Library& backend_lib, torch::Library& autograd_lib) {
+  switch (op) {
+    case kGemm: return ServedOp<kGemm, &gemm_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMm: return ServedOp<kScaledMm, &scaled_mm_op_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmQuant:
+      return ServedOp<kScaledMmQuant, &scaled_mm_quant_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmActQuant:
+      return ServedOp<kScaledMmActQuant, &scaled_mm_act_quant_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmResidual:
+      return ServedOp<kScaledMmResidual, &scaled_mm_residual_hit>::register_in(backend_lib, autograd_lib);
+    case kConv1dDepthwise: return ServedOp<kConv1dDepthwise, &conv1d_hit>::register_in(backend_lib, autograd_lib);
+    default: TORCH_CHECK(false, "oasr_hot: unknown op code ", op);
   }
-  if ((keys & c10::after_ADInplaceOrView_keyset) == c10::DispatchKeySet(backend_key)) {
-    return gemm_backend(a, w, bias, activation, config);
-  }
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return gemm_op("gemm").redispatch(keys & c10::after_autograd_keyset, a, w, bias, activation, config);
 }
 
 // ---------------------------------------------------------------------------------- control ops (Python side)
 
 int64_t abi_version() { return kAbiVersion; }
 
-void enable_gemm(c10::string_view backend) {
-  TORCH_CHECK(backend == "CUDA" || backend == "CPU", "oasr_hot.enable_gemm: backend must be CUDA or CPU");
-  TORCH_CHECK(!backend_lib, "oasr_hot.enable_gemm: already enabled");
+int64_t scalar_type_code(at::ScalarType dtype) { return static_cast<int64_t>(dtype); }
+
+// Serve `ops` (codes) at `backend` (CUDA, or CPU for the CPU suite) and its Autograd key.
+void enable(c10::string_view backend, std::vector<int64_t> ops) {
+  TORCH_CHECK(backend == "CUDA" || backend == "CPU", "oasr_hot.enable: backend must be CUDA or CPU");
+  TORCH_CHECK(libraries.empty(), "oasr_hot.enable: already enabled");
+  for (int64_t op : ops) TORCH_CHECK(op >= 0 && op < kNumOps, "oasr_hot.enable: unknown op code ", op);
   const bool cuda = backend == "CUDA";
   backend_key = cuda ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
-  backend_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "oasr", backend_key, __FILE__, __LINE__);
-  backend_lib->impl("gemm", TORCH_FN(gemm_backend));
-  autograd_lib = std::make_unique<torch::Library>(
+  auto backend_lib =
+      std::make_unique<torch::Library>(torch::Library::IMPL, "oasr", backend_key, __FILE__, __LINE__);
+  auto autograd_lib = std::make_unique<torch::Library>(
       torch::Library::IMPL, "oasr", cuda ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU, __FILE__,
       __LINE__);
-  autograd_lib->impl("gemm", TORCH_FN(gemm_autograd));
+  for (int64_t op : ops) register_op(op, *backend_lib, *autograd_lib);
+  libraries.push_back(std::move(backend_lib));
+  libraries.push_back(std::move(autograd_lib));
 }
 
 void disable() {
-  autograd_lib.reset();  // the destructor removes the registration
-  backend_lib.reset();
+  while (!libraries.empty()) libraries.pop_back();  // autograd first: each destructor removes its registrations
 }
 
-void install_gemm(c10::string_view config, c10::ScalarType dtype, int64_t act, int64_t m, int64_t n, int64_t k,
-                  bool bias, int64_t device, int64_t arm, int64_t launcher, int64_t split, int64_t workspace_bytes,
-                  int64_t slot, c10::string_view config_id) {
-  TORCH_CHECK(arm >= kTorch && arm <= kKernel, "oasr_hot.install_gemm: bad arm ", arm);
-  TORCH_CHECK(arm != kKernel || launcher != 0, "oasr_hot.install_gemm: a kernel plan needs its launcher");
-  TORCH_CHECK(act >= 0 && act <= 3 && m > 0 && n > 0 && k > 0 && m <= INT32_MAX && n <= INT32_MAX &&
-                  k <= INT32_MAX && device >= -1 && device < 127 && workspace_bytes >= 0,
-              "oasr_hot.install_gemm: key out of range");
-  auto plan = std::make_unique<GemmPlan>();
+// Params per op (hot_path.py): gemm (split, activation, workspace bytes); the scaled GEMMs (workspace bytes, vector
+// alignment, expand scale_w); conv1d_depthwise (B, T, C, Kw, activation, glu).
+void install(int64_t op, c10::string_view config, std::vector<int64_t> ints, int64_t arm, int64_t launcher,
+             std::vector<int64_t> params, int64_t slot, c10::string_view config_id) {
+  TORCH_CHECK(op >= 0 && op < kNumOps, "oasr_hot.install: unknown op code ", op);
+  TORCH_CHECK(arm >= kTorch && arm <= kKernel, "oasr_hot.install: bad arm ", arm);
+  TORCH_CHECK(arm == kKernel || op == kGemm, "oasr_hot.install: ", kOpNames[op], " has kernel plans only");
+  TORCH_CHECK(arm != kKernel || launcher != 0, "oasr_hot.install: a kernel plan needs its launcher");
+  TORCH_CHECK(ints.size() <= 24, "oasr_hot.install: too many key integers");
+  const size_t n_params = op == kConv1dDepthwise ? 6 : 3;
+  TORCH_CHECK(params.size() == n_params, "oasr_hot.install: ", kOpNames[op], " takes ", n_params, " params, got ",
+              params.size());
+  auto in_int = [](int64_t v) { return v >= 0 && v <= INT32_MAX; };
+  if (op == kConv1dDepthwise) {
+    for (int64_t v : params) TORCH_CHECK(in_int(v), "oasr_hot.install: conv1d_depthwise param out of range");
+  } else {
+    const size_t first_mnk = op == kGemm ? 2 : 1;  // key ints: gemm (dtype, act, M, N, K, ..), the others (variant, M, N, K, ..)
+    TORCH_CHECK(ints.size() >= first_mnk + 3, "oasr_hot.install: key too short");
+    for (size_t i = first_mnk; i < first_mnk + 3; ++i) {
+      TORCH_CHECK(ints[i] > 0 && in_int(ints[i]), "oasr_hot.install: M, N, K out of range");
+    }
+    TORCH_CHECK(params[op == kGemm ? 2 : 0] >= 0, "oasr_hot.install: negative workspace size");
+  }
+  auto plan = std::make_unique<Plan>();
   plan->arm = static_cast<Arm>(arm);
-  plan->launcher = reinterpret_cast<GemmLauncher>(static_cast<uintptr_t>(launcher));
-  plan->split = static_cast<int>(split);
-  plan->act = static_cast<int>(act);
-  plan->workspace_bytes = workspace_bytes;
+  plan->launcher = reinterpret_cast<void*>(static_cast<uintptr_t>(launcher));
+  plan->params.assign(params.begin(), params.end());
   plan->slot = slot;
   plan->config_id = std::string(config_id);
-  GemmKey key{std::string(config), m, n, k, static_cast<int8_t>(dtype), static_cast<int8_t>(act),
-              static_cast<int8_t>(device), bias};
+  PlanKey key{op, std::string(config), Ints(ints.begin(), ints.end())};
   std::unique_lock<std::shared_mutex> lock(table_mutex);
-  auto& entry = gemm_table[key];
+  auto& entry = table[key];
   if (entry) return;  // installed already (two threads missed at once): keep the first, its slot counts
-  gemm_slots.push_back(plan.get());
+  slots.push_back(plan.get());
   entry = std::move(plan);
 }
 
@@ -275,7 +579,7 @@ void install_gemm(c10::string_view config, c10::ScalarType dtype, int64_t act, i
 std::vector<int64_t> drain_calls() {
   std::vector<int64_t> out;
   std::shared_lock<std::shared_mutex> lock(table_mutex);
-  for (GemmPlan* plan : gemm_slots) {
+  for (Plan* plan : slots) {
     const int64_t n = plan->calls.exchange(0, std::memory_order_relaxed);
     if (n) {
       out.push_back(plan->slot);
@@ -285,28 +589,34 @@ std::vector<int64_t> drain_calls() {
   return out;
 }
 
+// Forget the plans (and the checked out_scales); returns how many plans there were.
 int64_t clear() {
+  {
+    std::unique_lock<std::shared_mutex> lock(scale_mutex);
+    scales_checked.clear();
+  }
   std::unique_lock<std::shared_mutex> lock(table_mutex);
-  const int64_t n = static_cast<int64_t>(gemm_table.size());
-  gemm_slots.clear();
-  gemm_table.clear();
+  const int64_t n = static_cast<int64_t>(table.size());
+  slots.clear();
+  table.clear();
   return n;
 }
 
 int64_t size() {
   std::shared_lock<std::shared_mutex> lock(table_mutex);
-  return static_cast<int64_t>(gemm_table.size());
+  return static_cast<int64_t>(table.size());
 }
 
 }  // namespace
 
 TORCH_LIBRARY(oasr_hot, m) {
   m.def("abi_version() -> int", &abi_version);
-  m.def("enable_gemm(str backend) -> ()", &enable_gemm);
+  m.def("scalar_type_code(ScalarType dtype) -> int", &scalar_type_code);
+  m.def("enable(str backend, int[] ops) -> ()", &enable);
   m.def("disable() -> ()", &disable);
-  m.def("install_gemm(str config, ScalarType dtype, int act, int m, int n, int k, bool bias, int device, int arm, "
-        "int launcher, int split, int workspace_bytes, int slot, str config_id) -> ()",
-        &install_gemm);
+  m.def("install(int op, str config, int[] ints, int arm, int launcher, int[] params, int slot, str config_id) -> ()",
+        &install);
+  m.def("out_scale_passed(Tensor out_scale) -> ()", &out_scale_passed);
   m.def("drain_calls() -> int[]", &drain_calls);
   m.def("clear() -> int", &clear);
   m.def("size() -> int", &size);

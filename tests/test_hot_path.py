@@ -274,3 +274,273 @@ def test_enable_from_env_without_cuda_keeps_python(monkeypatch):
     monkeypatch.setenv(hot_path.ENV, "1")
     hot_path.enable_from_env()
     assert hot_path.enabled() is None
+
+
+# The int8 GEMMs' and the depthwise conv's launchers, recording their arguments (pointers as integers, alpha's bits)
+# and writing `rec_elt` bytes per output element with a fixed pattern.
+RECORDING_FAMILY_STUB = r'''
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+static long long smm[17], dw[15];
+static int smm_calls, dw_calls, elt = 2;
+int oasr_abi_version(void) { return %(abi)d; }
+const char* oasr_describe(void) { return "recording family stub"; }
+int oasr_run(void) { return 0; }
+int oasr_can_implement(void) { return 0; }
+size_t oasr_workspace_size(void) { return 0; }
+int oasr_smm_abi_version(void) { return %(smm)d; }
+int oasr_smmr_abi_version(void) { return %(smmr)d; }
+int oasr_dwconv_abi_version(void) { return %(dwconv)d; }
+int oasr_smm_can_implement(int M, int N, int K) { return 0; }
+int oasr_smmr_can_implement(int M, int N, int K) { return 0; }
+size_t oasr_smm_workspace_size(int M, int N, int K) { return 64; }
+size_t oasr_smmr_workspace_size(int M, int N, int K) { return 0; }
+int oasr_dwconv_can_implement(int B, int T, int C, int Kw, int act, int glu) { return 0; }
+size_t oasr_dwconv_workspace_size(int B, int T, int C, int Kw, int act, int glu) { return 0; }
+static void fill(void* out, long long n) {
+  unsigned char* o = (unsigned char*)out;
+  for (long long i = 0; i < n * elt; ++i) o[i] = (unsigned char)(0x11 + i %% 5);
+}
+static void record_smm(const void* a, const void* w, const void* sa, int sar, const void* sw, int swc,
+                       const void* bias, const void* x, long long x_arg, void* out, int M, int N, int K, void* ws,
+                       size_t wsb, void* stream) {
+  long long v[17] = {(intptr_t)a, (intptr_t)w, (intptr_t)sa, sar, (intptr_t)sw, swc, (intptr_t)bias, (intptr_t)x,
+                     x_arg, M, N, K, ws != 0, (long long)wsb, (intptr_t)stream, (intptr_t)out, 0};
+  memcpy(smm, v, sizeof v);
+  fill(out, (long long)M * N);
+  ++smm_calls;
+}
+int oasr_smm_run(const void* a, const void* w, const void* sa, int sar, const void* sw, int swc, const void* bias,
+                 const void* x, int x_arg, void* out, int M, int N, int K, void* ws, size_t wsb, void* stream) {
+  record_smm(a, w, sa, sar, sw, swc, bias, x, x_arg, out, M, N, K, ws, wsb, stream);
+  return 0;
+}
+int oasr_smmr_run(const void* a, const void* w, const void* sa, int sar, const void* sw, int swc, const void* bias,
+                  const void* x, float alpha, void* out, int M, int N, int K, void* ws, size_t wsb, void* stream) {
+  uint32_t bits;
+  memcpy(&bits, &alpha, 4);
+  record_smm(a, w, sa, sar, sw, swc, bias, x, bits, out, M, N, K, ws, wsb, stream);
+  return 0;
+}
+int oasr_dwconv_run(const void* x, const void* w, int wf, const void* bias, int bf, void* out, int B, int T, int C,
+                    int Kw, int act, int glu, void* ws, size_t wsb, void* stream) {
+  long long v[15] = {(intptr_t)x, (intptr_t)w, wf, (intptr_t)bias, bf, B, T, C, Kw, act, glu, ws != 0,
+                     (long long)wsb, (intptr_t)stream, (intptr_t)out};
+  memcpy(dw, v, sizeof v);
+  fill(out, (long long)B * T * C);
+  return ++dw_calls, 0;
+}
+long long rec_smm(int i) { return smm[i]; }
+long long rec_dw(int i) { return dw[i]; }
+int rec_smm_calls(void) { return smm_calls; }
+int rec_dw_calls(void) { return dw_calls; }
+void rec_set_elt(int e) { elt = e; }
+'''
+
+FAMILY_SCRIPT = r'''
+import ctypes, subprocess, sys, tempfile, warnings
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import torch
+import host_overhead as H
+from oasr_ops.codegen.templates import ABI_VERSION
+from oasr_ops.codegen.emit_int8 import SMM_ABI_VERSION, SMMR_ABI_VERSION
+from oasr_ops.codegen.render_conv1d import DWCONV_ABI_VERSION
+
+tmp = Path(tempfile.mkdtemp())
+(tmp / "rec.c").write_text(STUB % {"abi": ABI_VERSION, "smm": SMM_ABI_VERSION, "smmr": SMMR_ABI_VERSION,
+                                   "dwconv": DWCONV_ABI_VERSION})
+subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "rec.so"), str(tmp / "rec.c")], check=True)
+H._install_stubs(tmp / "rec.so")
+rec = ctypes.CDLL(str(tmp / "rec.so"))
+rec.rec_smm.restype = rec.rec_dw.restype = ctypes.c_longlong
+smm_args = lambda: [rec.rec_smm(i) for i in range(15)]  # all but the output pointer
+dw_args = lambda: [rec.rec_dw(i) for i in range(14)]
+
+import oasr_ops
+from oasr_ops.families import hot_path as hp
+from oasr_ops.families.conv1d import ops as C
+from oasr_ops.families.scaled_mm import act_quant, ops as S, residual
+
+ops = torch.ops.oasr
+torch.manual_seed(0)
+m, n, k = 18, 96, 64
+a = torch.randint(-127, 128, (2, 9, k), dtype=torch.int8)
+w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+sa, sw = torch.rand(m) + 0.01, torch.rand(n) + 0.01
+b16, b32 = torch.randn(n).half(), torch.randn(n)
+res = torch.randn(2, 9, n).half()
+out_scale = torch.full((1,), 0.05)
+tile = S.heuristic_config(m, n, k, "sm90")
+hp.enable("CPU")
+assert set(hp.served_ops()) == set(hp.OPS)
+
+def hits():
+    """Calls the C++ table answered since the last drain (added to their Python plans, as collect_calls does)."""
+    pairs = torch.ops.oasr_hot.drain_calls()
+    for i in range(0, len(pairs), 2):
+        hp._slots[pairs[i]].calls += pairs[i + 1]
+    return sum(pairs[1::2])
+
+
+def twice(fn, *args, elt=2, stub_calls=rec.rec_smm_calls, stub_args=smm_args):
+    """The first call (Python, the C++ table emptied first: it installs the plan), then the second (C++): the same
+    launch, the same output."""
+    rec.rec_set_elt(elt)
+    hp.clear()
+    y1 = fn(*args)
+    c1, l1 = stub_calls(), stub_args()
+    h = hits()
+    assert h == 0, f"the first call was answered in C++ ({h} hits)"
+    y2 = fn(*args)
+    assert stub_calls() == c1 + 1, "the second call did not launch"
+    h = hits()
+    assert h == 1, f"the second call was not answered in C++ ({h} hits)"
+    assert stub_args() == l1, (stub_args(), l1)
+    assert torch.equal(y1, y2) and y1.dtype == y2.dtype and y1.shape == y2.shape
+    return y1, l1
+
+with torch.no_grad():
+    # scaled_mm: per-token and per-tensor scales, with and without bias, both out dtypes
+    for scale_a, scale_w in ((sa, sw), (sa[:1].clone(), sw[:1].clone())):
+        for bias in (None, b16):
+            y, l = twice(ops.scaled_mm.default, a, w, scale_a, scale_w, bias, torch.float16, tile)
+            assert y.shape == (2, 9, n) and y.dtype == torch.float16
+            assert l[3] == int(scale_a.numel() != 1) and l[5] == int(scale_w.numel() != 1)
+            assert l[6] == (0 if bias is None else bias.data_ptr()) and l[7] == 0 and l[8] == 0
+            assert l[9:14] == [m, n, k, 1, 64], l
+    y, _ = twice(ops.scaled_mm.default, a, w, sa, sw, b16.bfloat16(), torch.bfloat16, tile)
+    assert y.dtype == torch.bfloat16
+    # the quantizing GEMMs: out_scale per tensor and per row
+    for scale in (out_scale, torch.rand(m) + 0.01):
+        y, l = twice(ops.scaled_mm_quant.default, a, w, sa, sw, b32, scale, tile, elt=1)
+        assert y.dtype == torch.int8 and l[7] == scale.data_ptr() and l[8] == int(scale.numel() != 1)
+        for act in ("gelu", "silu"):
+            y, l = twice(ops.scaled_mm_act_quant.default, a, w, sa, sw, b32, scale, act, tile, elt=1)
+            assert y.dtype == torch.int8 and l[7] == scale.data_ptr()
+    # the residual GEMM: the residual's pointer and alpha's fp32 bits
+    y, l = twice(ops.scaled_mm_residual.default, a, w, sa, sw, b16, res, 0.1, torch.float16, tile)
+    import struct
+    assert l[7] == res.data_ptr() and l[8] == struct.unpack("I", struct.pack("f", 0.1))[0], l
+    # the depthwise conv: both layouts, fp32 and fp16 weights, GLU
+    dw = C.native_lane("sm90").default.id
+    xb = torch.randn(2, 50, 64).half()
+    wf, bf = torch.randn(64, 1, 31), torch.randn(64)
+    for x, layout, glu in ((xb, "btc", False), (xb.transpose(1, 2).contiguous(), "bct", False),
+                           (torch.randn(2, 50, 128).half(), "btc", True)):
+        for wt, bias in ((wf, bf), (wf.half(), None)):
+            y, l = twice(ops.conv1d_depthwise.default, x, wt, bias, 15, layout, "silu", dw, glu,
+                         stub_calls=rec.rec_dw_calls, stub_args=dw_args)
+            assert l[2] == int(wt.dtype == torch.float32) and l[5:11] == [2, 50, 64, 31, 1, int(glu)], l
+            assert y.shape == C._out_shape(x, layout, glu)
+    # a non-contiguous input is served too (copied first, as Python does)
+    xt = xb.transpose(1, 2).contiguous().transpose(1, 2)
+    twice(ops.conv1d_depthwise.default, xt, wf, bf, 15, "btc", "silu", dw, False, stub_calls=rec.rec_dw_calls,
+          stub_args=lambda: dw_args()[1:])  # (x's copy is a new pointer each call)
+
+    # call counts reach the Python plans
+    assert sum(p.calls for p in S.served()) == 2 * 5 + 2 * 2, [(p.config, p.calls) for p in S.served()]
+
+    # out_scale: a value made invalid in place (version bump) is read again by Python: the error, not a launch
+    bad = torch.full((1,), 0.05)
+    twice(ops.scaled_mm_quant.default, a, w, sa, sw, b32, bad, tile, elt=1)
+    bad.zero_()
+    n0 = rec.rec_smm_calls()
+    for op_args in ((a, w, sa, sw, b32, bad, tile), (a, w, sa, sw, b32, bad, "silu", tile)):
+        fn = ops.scaled_mm_quant.default if len(op_args) == 7 else ops.scaled_mm_act_quant.default
+        try:
+            fn(*op_args)
+            raise AssertionError("a zero out_scale was accepted")
+        except ValueError as e:
+            assert "finite and > 0" in str(e), e
+    assert rec.rec_smm_calls() == n0
+    # an out_scale made in inference mode has no version: Python checks it on every call, C++ never answers it
+    with torch.inference_mode():
+        inf_scale = torch.full((1,), 0.05)
+    hp.collect_calls()
+    for _ in range(3):
+        ops.scaled_mm_act_quant.default(a, w, sa, sw, b32, inf_scale, "gelu", tile)
+    assert hits() == 0
+    # an alias of a checked buffer (what a compiled graph passes: no _base, its own version counter at 0)
+    buf = torch.full((4,), 0.05)
+    alias = lambda: torch.empty(0).set_(buf.untyped_storage(), 0, (1,), (1,))
+    ops.scaled_mm_quant.default(a, w, sa, sw, b32, alias(), tile)
+    hp.collect_calls()
+    ops.scaled_mm_quant.default(a, w, sa, sw, b32, alias(), tile)
+    assert hits() == 1
+
+    # bad calls after the plans exist: the Python path's errors
+    bad_calls = [
+        (ops.scaled_mm.default, (a, w, sa[:5].contiguous(), sw, b16, torch.float16, tile), "scale_a"),
+        (ops.scaled_mm.default, (a, w, sa, sw, b32, torch.float16, tile), "bias"),
+        (ops.scaled_mm.default, (a.float(), w, sa, sw, b16, torch.float16, tile), "int8"),
+        (ops.scaled_mm.default, (a, w, sa, sw.double(), b16, torch.float16, tile), "float32"),
+        (ops.scaled_mm_act_quant.default, (a, w, sa, sw, b32, out_scale, "relu", tile), "activation"),
+        (ops.scaled_mm_residual.default, (a, w, sa, sw, b16, res[:1].contiguous(), 0.1, torch.float16, tile),
+         "residual"),
+        (ops.scaled_mm_residual.default, (a, w, sa, sw, b16, res, float("inf"), torch.float16, tile), "alpha"),
+        (ops.conv1d_depthwise.default, (xb, wf, bf[:7].contiguous(), 15, "btc", "silu", dw, False), "bias"),
+        (ops.conv1d_depthwise.default, (xb, wf, bf, 15, "btc", "gelu", dw, False), "activation"),
+    ]
+    for fn, args, word in bad_calls:
+        try:
+            fn(*args)
+            raise AssertionError(f"accepted: {word}")
+        except ValueError as e:
+            assert word in str(e), (word, str(e))
+
+    # a misaligned operand: Python warns once and serves its reference; no launch
+    buf8 = torch.randint(-127, 128, (m * k + 1,), dtype=torch.int8)
+    shifted = buf8[1:].view(2, 9, k)
+    n0 = rec.rec_smm_calls()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        y = ops.scaled_mm.default(shifted, w, sa, sw, b16, torch.float16, tile)
+    assert rec.rec_smm_calls() == n0 and any("aligned" in str(x.message) for x in seen)
+    torch.testing.assert_close(y, S.reference_scaled_mm(shifted, w, sa, sw, b16, torch.float16))
+
+    # the torch arm (Python reference code) is never installed: right answers, every call from Python
+    hp.collect_calls()
+    for _ in range(2):
+        y = ops.scaled_mm.default(a, w, sa, sw, b16, torch.float16, "torch")
+    assert hits() == 0 and torch.equal(y, S.reference_scaled_mm(a, w, sa, sw, b16, torch.float16))
+
+    # plans are forgotten with the Python ones (any family's reset_plans, a DB reload)
+    assert torch.ops.oasr_hot.size() > 0
+    residual.reset_plans()
+    assert torch.ops.oasr_hot.size() == 0
+    twice(ops.scaled_mm.default, a, w, sa, sw, b16, torch.float16, tile)
+
+# grad mode: the forward runs, the backward raises naming the op
+rg = res.clone().requires_grad_()
+y = ops.scaled_mm_residual.default(a, w, sa, sw, b16, rg, 0.1, torch.float16, tile)
+assert y.requires_grad
+try:
+    y.float().sum().backward()
+    raise AssertionError("backward ran")
+except RuntimeError as e:
+    assert "oasr.scaled_mm_residual has no backward" in str(e), e
+
+# only some ops: the others keep their Python kernels
+hp.disable()
+hp.enable("CPU", ops=("gemm",))
+with torch.no_grad():
+    hp.collect_calls()
+    y = ops.scaled_mm.default(a, w, sa, sw, b16, torch.float16, tile)
+assert hits() == 0 and torch.equal(y, S.reference_scaled_mm(a, w, sa, sw, b16, torch.float16))  # the CPU reference
+hp.disable()
+print("OK")
+'''
+
+
+@pytest.mark.slow
+def test_cpp_hot_path_int8_gemms_and_conv_on_cpu(tmp_path):
+    """The int8 GEMMs and the depthwise conv through the C++ hot path with recording stub launchers: each second call
+    is answered in C++ with the launch the Python path made (every pointer, flag and shape; alpha's fp32 bits), an
+    out_scale is taken only at a version Python checked, bad calls get the Python errors, misaligned operands its
+    fallback, the torch arm stays Python, plans are forgotten with the Python ones, grad raises at backward."""
+    env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", f"STUB = {RECORDING_FAMILY_STUB!r}\n" + FAMILY_SCRIPT], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-5000:]

@@ -36,6 +36,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .. import hot_path as _hot
 from ..autograd import register_inference_op
 from ...configs import AUTO, DW_MAX_KW, Config, parse
 from ...runtime import database as _database
@@ -250,6 +251,7 @@ def _kernel_run(cfg: Config, x: torch.Tensor, layout: str, kw: int, act: int, ar
         if rc != 0:
             raise RuntimeError(f"oasr.{OP}: kernel {cfg.id} failed with status {rc} on B={bsz} T={t} C={c} Kw={kw}")
         return out
+    run_kernel.native = _hot.native_kernel(kern.handle.oasr_dwconv_run, bsz, t, c, kw, act, int(glu))
     return run_kernel
 
 
@@ -297,13 +299,36 @@ def _cuda(x, w, bias, padding, layout, activation, config, glu=False):
             return x.new_empty(_out_shape(x, layout, glu))
         plan = _PLANS.get_or_make(key, lambda: _make_plan(config, x, w, layout, activation, glu))
     plan.calls += 1
+    if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        _hot_install(key, plan)
     return plan.run(x, w, bias)
+
+
+def _hot_install(key: tuple, plan: Plan) -> None:
+    """Install `plan` in the C++ hot path under `_cuda`'s `key`, as the integers families/hot_path.py lists."""
+    config, x_dtype, w_dtype, bias, x_shape, w_shape, padding, layout, activation, glu, x_dev, w_dev, epoch = key
+    code = _hot.dtype_code
+    ints = [code(x_dtype), code(w_dtype)]
+    ints += [-1] if bias is None else [code(bias[0]), len(bias[1]), *bias[1], _hot.device_code(bias[2])]
+    ints += [len(x_shape), *x_shape, len(w_shape), *w_shape, padding, LAYOUTS.index(layout), ACTIVATIONS[activation],
+             int(glu), _hot.device_code(x_dev), _hot.device_code(w_dev)]
+    _hot.install("conv1d_depthwise", config, tuple(ints), plan, epoch)
 
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
-served = _PLANS.served
-reset_plans = _PLANS.clear
+
+
+def served() -> list[Plan]:
+    """Every plan this process has run, with its call count."""
+    _hot.collect_calls()
+    return _PLANS.served()
+
+
+def reset_plans() -> None:
+    """Forget resolved plans (and the C++ hot path's copies of them)."""
+    _hot.clear()
+    _PLANS.clear()
 
 
 def conv1d_depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, layout: str = "bct",

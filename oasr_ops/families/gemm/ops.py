@@ -36,9 +36,6 @@ _lib.define(
     "gemm(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor",
     tags=(torch.Tag.needs_fixed_stride_order,),
 )
-# The Python CUDA implementation under its own name, for the C++ hot path to call on a miss (families/hot_path.py);
-# it has kernels only while the hot path is on.
-_lib.define("_gemm_py(Tensor a, Tensor w, Tensor? bias, str activation, str config) -> Tensor")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -186,7 +183,7 @@ def _kernel_plan(cfg: Config, dtype_name: str, activation: str, m: int, n: int, 
         if rc != 0:
             raise RuntimeError(f"oasr.gemm: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out
-    run_kernel.native = _hot.native_kernel(lib.handle.oasr_run, split, activation, ws_bytes)
+    run_kernel.native = _hot.native_kernel(lib.handle.oasr_run, split, act, ws_bytes)
     return run_kernel
 
 
@@ -238,7 +235,8 @@ def _gemm_cuda(a, w, bias, activation, config):
         plan = get_plan(a, w, bias, activation, config)
     plan.calls += 1
     if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
-        _hot.install_gemm(config, a.dtype, activation, m, n, k, bias is not None, a.device, plan, epoch)
+        _hot.install("gemm", config, (_hot.dtype_code(a.dtype), ACTIVATIONS[activation], m, n, k,
+                                      int(bias is not None), _hot.device_code(a.device)), plan, epoch)
     return plan.run(a, w, bias)
 
 

@@ -168,13 +168,21 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
             return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
         if plan is None:
             plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
-    ops.check_out_scale(out_scale)
+    checked = ops.check_out_scale(out_scale)
     plan.calls += 1
+    if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        ops.hot_install("scaled_mm_act_quant", config, ops._hot.ACTIVATION_CODES[activation], key, plan,
+                        out_scale if checked else None)
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
 
 register_inference_op(_lib, "scaled_mm_act_quant", cpu=_cpu, cuda=_cuda, fake=_fake)
-reset_plans = _PLANS.clear
+
+
+def reset_plans() -> None:
+    """Forget resolved plans (and the C++ hot path's copies of them)."""
+    ops._hot.clear()
+    _PLANS.clear()
 
 
 def scaled_mm_act_quant(a, w, scale_a, scale_w, out_scale, activation: str, bias=None, config: str = "auto"):

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import hot_path as _hot
 from ..autograd import register_inference_op
 from ...codegen.jit import BuildError, LoadError
 from ...configs import Config, ConfigError
@@ -386,6 +387,8 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
         if rc != 0:
             raise RuntimeError(f"oasr.{op}: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out
+    launcher = kern.handle.oasr_smmr_run if op == "scaled_mm_residual" else kern.handle.oasr_smm_run
+    run_kernel.native = _hot.native_kernel(launcher, ws_bytes, vec_align, expand_scale_w)
     return run_kernel
 
 
@@ -449,10 +452,17 @@ def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
         if plan is None:
             check_config_arg(config, op)
             plan = get_plan(op, a, w, bias, config, out_dtype)
-    if out_scale is not None:
-        check_out_scale(out_scale)
+    checked = out_scale is not None and check_out_scale(out_scale)
     plan.calls += 1
+    if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        hot_install(op, config, _hot.dtype_code(out_dtype) if op == "scaled_mm" else 0, key, plan,
+                    out_scale if checked else None)
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
+
+
+def hot_install(op: str, config: str, variant: int, key: tuple, plan: Plan, out_scale=None) -> None:
+    """Install `plan` (of `plan_key`'s `key`) in the C++ hot path; `variant`: families/hot_path.py's docstring."""
+    _hot.install(op, config, (variant, *key[3:6], int(key[6]), _hot.device_code(key[7])), plan, key[-1], out_scale)
 
 
 def _scaled_mm_cuda(a, w, scale_a, scale_w, bias, out_dtype, config):
@@ -469,8 +479,16 @@ register_inference_op(_lib, "scaled_mm_quant", cpu=_scaled_mm_quant_cpu, cuda=_s
                       fake=_scaled_mm_quant_fake)
 
 
-served = _PLANS.served
-reset_plans = _PLANS.clear
+def served() -> list[Plan]:
+    """Every plan this process has run, with its call count."""
+    _hot.collect_calls()
+    return _PLANS.served()
+
+
+def reset_plans() -> None:
+    """Forget resolved plans (and the C++ hot path's copies of them)."""
+    _hot.clear()
+    _PLANS.clear()
 
 
 # ----------------------------------------------------------------------------------------------------------

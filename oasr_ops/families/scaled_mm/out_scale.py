@@ -30,11 +30,14 @@ def _values_ok(out_scale: torch.Tensor) -> bool:
     return bool(((out_scale > 0) & torch.isfinite(out_scale)).all())
 
 
-def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: str = "out_scale") -> None:
-    """ValueError (naming `oasr.<op>`) unless every value of `out_scale` is finite and > 0; see the module doc."""
+def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: str = "out_scale") -> bool:
+    """ValueError (naming `oasr.<op>`) unless every value of `out_scale` is finite and > 0; see the module doc.
+    Returns whether the values are known valid at the tensor's current version (checked now or before; False when
+    the check was skipped, or for a tensor without a version counter): what the C++ hot path may rely on
+    (families/hot_path.py)."""
     if out_scale.device.type == "cuda" and (torch.cuda.is_current_stream_capturing()
                                             or torch.compiler.is_compiling()):
-        return
+        return False
     # the cache key (module docstring): a view's base with the base's version, else the storage with the tensor's
     # own version (a plain tensor's in-place changes bump it; a compiled graph's alias is always at 0)
     owner = out_scale._base if out_scale._base is not None else out_scale
@@ -46,7 +49,7 @@ def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: 
     if version is not None:
         seen = _CHECKED.get(base)
         if seen is not None and seen[0] == version and view in seen[1]:
-            return
+            return True
     if out_scale.numel() and not _values_ok(out_scale):
         raise ValueError(f"oasr.{op}: {name} must be finite and > 0 everywhere, got "
                          f"{out_scale.detach().flatten()[:4].tolist()}{'...' if out_scale.numel() > 4 else ''}")
@@ -56,3 +59,4 @@ def check_out_scale(out_scale: torch.Tensor, op: str = "scaled_mm_quant", name: 
             seen = (version, set())
             _CHECKED[base] = seen
         seen[1].add(view)
+    return version is not None

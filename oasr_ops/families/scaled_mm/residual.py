@@ -163,12 +163,24 @@ def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
         if plan is None:
             plan = _PLANS.get_or_make(key, lambda: _make_plan(config, out_dtype, m, n, k))
     plan.calls += 1
+    if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        ops.hot_install(OP, config, ops._hot.dtype_code(out_dtype), key, plan)
     return plan.run(a, w, scale_a, scale_w, bias, (residual, alpha))
 
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
-reset_plans = _PLANS.clear
-served = _PLANS.served
+
+
+def reset_plans() -> None:
+    """Forget resolved plans (and the C++ hot path's copies of them)."""
+    ops._hot.clear()
+    _PLANS.clear()
+
+
+def served() -> list:
+    """Every plan this process has run, with its call count."""
+    ops._hot.collect_calls()
+    return _PLANS.served()
 
 
 def scaled_mm_residual(a, w, scale_a, scale_w, residual, alpha: float = 1.0, bias=None,
