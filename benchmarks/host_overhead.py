@@ -219,6 +219,7 @@ def main() -> None:
     from oasr_ops.families import hot_path
 
     mirrors: dict[str, object] = {}
+    answered: dict[str, int] = {}
     with torch.no_grad():
         for name, qualname, impl, op_args in _cases(device, m):
             if device == "cpu":
@@ -232,8 +233,10 @@ def main() -> None:
                 # the real op through its C++ hot path (the first call misses and installs the plan); on the cpu
                 # served at the CPU key, its misses going to this `_cuda` function with the stub kernels
                 hot_path.enable(device.upper())
+                hot_path.collect_calls()
                 row["cpp_op"] = _time({"op": torch._library.utils.lookup_op(qualname)}, op_args, args.calls,
                                       args.blocks, sync)["op"]
+                answered[name] = sum(torch.ops.oasr_hot.drain_calls()[1::2])  # calls the C++ table answered
                 hot_path.disable()
             results[name] = row
             print(f"{name:22s} " + "  ".join(f"{k} {v:6.2f} us" for k, v in row.items()), flush=True)
@@ -261,7 +264,8 @@ def main() -> None:
             print(f"{name:22s} op {results[name]['op']:6.2f} us")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "rows": m, "calls": args.calls,
-                                              "torch": torch.__version__, "us_per_call": results}, indent=1))
+                                              "torch": torch.__version__, "us_per_call": results,
+                                              "cpp_answered_calls": answered}, indent=1))
 
 
 if __name__ == "__main__":

@@ -300,7 +300,8 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
   if (op == kScaledMmResidual) {
     const at::Tensor& r = *extra;
     if (!r.defined() || r.scalar_type() != out_dtype || r.device() != device || !r.is_contiguous() ||
-        r.dim() != a.dim() || r.size(-1) != n || !std::equal(r.sizes().begin(), r.sizes().end() - 1, a.sizes().begin())) {
+        r.dim() != a.dim() || r.size(-1) != n ||
+        !std::equal(r.sizes().begin(), r.sizes().end() - 1, a.sizes().begin())) {
       return std::nullopt;
     }
     if (!std::isfinite(alpha) || std::abs(alpha) > static_cast<double>(FLT_MAX)) return std::nullopt;
@@ -554,7 +555,8 @@ void install(int64_t op, c10::string_view config, std::vector<int64_t> ints, int
   if (op == kConv1dDepthwise) {
     for (int64_t v : params) TORCH_CHECK(in_int(v), "oasr_hot.install: conv1d_depthwise param out of range");
   } else {
-    const size_t first_mnk = op == kGemm ? 2 : 1;  // key ints: gemm (dtype, act, M, N, K, ..), the others (variant, M, N, K, ..)
+    // key ints: gemm (dtype, act, M, N, K, ..), the scaled GEMMs (variant, M, N, K, ..)
+    const size_t first_mnk = op == kGemm ? 2 : 1;
     TORCH_CHECK(ints.size() >= first_mnk + 3, "oasr_hot.install: key too short");
     for (size_t i = first_mnk; i < first_mnk + 3; ++i) {
       TORCH_CHECK(ints[i] > 0 && in_int(ints[i]), "oasr_hot.install: M, N, K out of range");

@@ -26,10 +26,12 @@ def test_host_overhead_with_the_hot_path(tmp_path):
                        env={**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit")})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["us_per_call"]
-    for name in ("gemm", "gemm_torch_arm"):
+    answered = json.loads(out.read_text())["cpp_answered_calls"]
+    served = ("gemm", "gemm_torch_arm", "scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "conv1d_depthwise")
+    for name in served:  # the ops the C++ hot path serves: timed through it, every call after the first answered there
         assert set(rows[name]) == {"impl", "op", "cpp_op"} and all(v > 0 for v in rows[name].values()), name
-    for name in ("scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "layer_norm_quant", "conv1d_depthwise"):
-        assert set(rows[name]) == {"impl", "op"} and all(v > 0 for v in rows[name].values()), name
+        assert answered[name] == 200 + 20 - 1, (name, answered[name])  # warm-up + one block of calls, less the miss
+    assert set(rows["layer_norm_quant"]) == {"impl", "op"} and all(v > 0 for v in rows["layer_norm_quant"].values())
     for name in ("floor", "aten/addmm_small"):
         assert rows[name]["op"] > 0, name
 

@@ -1,4 +1,5 @@
-"""The C++ hot path of `oasr::gemm` on the GPU (families/hot_path.py, templates/hot_path.cpp; run: `pytest -m gpu`).
+"""The C++ hot path on the GPU (families/hot_path.py, templates/hot_path.cpp; run: `pytest -m gpu`): oasr::gemm, and
+(the end of this file) the int8 GEMMs and the depthwise conv.
 
 Every call answered in C++ must equal the Python path's answer bit for bit (the same plan: the same kernel or the
 same aten calls), on fresh random inputs with the output poisoned with NaN first, for the torch arm, the fused
@@ -38,7 +39,7 @@ def _ref(a, w, b, act):
 
 
 def _poisoned_call(fn, *args, out_shape, dtype):
-    t = torch.full(out_shape, float("nan"), dtype=dtype, device="cuda")
+    t = torch.full(out_shape, float("nan") if dtype.is_floating_point else -77, dtype=dtype, device="cuda")
     del t  # the caching allocator hands this block to the op's output next
     return fn(*args)
 
@@ -195,3 +196,184 @@ def test_backend_switches_it_on_without_cuda_graphs():
     finally:
         hot_path.disable()
         ops.reset_plans()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the int8 GEMMs and the depthwise conv (session 15): each C++ answer equals the Python path's bit for bit
+
+INT8_MS = (1, 7, 16, 17, 127, 1000)
+INT8_NKS = ((2048, 512), (512, 2048), (768, 256))
+INT8_VARIANTS = ("fp16", "bf16", "int8", "int8_gelu", "int8_silu", "fp16_res", "bf16_res")
+
+
+@pytest.fixture(scope="module")
+def family_kernels():
+    """The int8 lane default in every variant these tests launch and the depthwise lane default in every dtype x
+    layout, built in parallel first (a first use would compile them one after the other)."""
+    import os
+
+    from oasr_ops.codegen.jit import JitSpec, build_many
+    from oasr_ops.codegen.render_conv1d import LAYOUTS, dw_variant
+    from oasr_ops.runtime.arch import current_arch_family
+    from oasr_ops.runtime.registry import native_lane
+
+    arch = current_arch_family()
+    smm, dw = native_lane(arch, "scaled_mm"), native_lane(arch, "conv1d")
+    specs = [JitSpec.for_kernel(smm, smm.default, v, arch) for v in INT8_VARIANTS]
+    specs += [JitSpec.for_kernel(dw, dw.default, dw_variant(d, lay), arch) for d in ("fp16", "bf16") for lay in LAYOUTS]
+    report = build_many(specs, jobs=os.cpu_count(), progress=False)
+    assert not report.failed, report.failed
+    return smm.default.id, dw.default.id
+
+
+@pytest.fixture()
+def hot_all(family_kernels):
+    from oasr_ops.families import hot_path
+
+    hot_path.disable()
+    hot_path.clear()
+    hot_path.enable("CUDA")
+    yield family_kernels
+    hot_path.disable()
+    hot_path.clear()
+
+
+def _three_answers(hot_path, fn, args, out_shape, dtype):
+    """(first call: Python, installing; second: C++; the Python path alone), outputs poisoned first, and how many of
+    the second call's launches the C++ table answered."""
+    first = _poisoned_call(fn, *args, out_shape=out_shape, dtype=dtype)
+    hot_path.collect_calls()
+    second = _poisoned_call(fn, *args, out_shape=out_shape, dtype=dtype)
+    answered = sum(torch.ops.oasr_hot.drain_calls()[1::2])
+    hot_path.disable()
+    python = _poisoned_call(fn, *args, out_shape=out_shape, dtype=dtype)
+    hot_path.enable("CUDA")
+    torch.cuda.synchronize()
+    return first, second, python, answered
+
+
+def _int8_operands(m, n, k, per_token: bool, g):
+    a = torch.randint(-127, 128, (m, k) if m % 2 else (1, m, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+    sa = (torch.rand(m if per_token else 1, generator=g) + 0.5).div(127).cuda()
+    sw = (torch.rand(n if per_token else 1, generator=g) + 0.5).div(127 * k**0.5).cuda()
+    return a, w, sa, sw
+
+
+def test_int8_gemms_cpp_answers_equal_python(hot_all):
+    """scaled_mm (fp16/bf16 out), scaled_mm_quant and scaled_mm_act_quant (out_scale per tensor / per row),
+    scaled_mm_residual: per-token and per-tensor scales, with and without bias, odd M, 2-D and 3-D."""
+    from oasr_ops.families import hot_path
+    from oasr_ops.families.scaled_mm import act_quant, ops as S, residual
+
+    tile, _ = hot_all
+    g = torch.Generator().manual_seed(0)
+    o = torch.ops.oasr
+    checked = answered = 0
+    with torch.no_grad():
+        for n, k in INT8_NKS:
+            for m in INT8_MS:
+                for per_token in (True, False):
+                    a, w, sa, sw = _int8_operands(m, n, k, per_token, g)
+                    out_shape = (*a.shape[:-1], n)
+                    for with_bias in (False, True):
+                        cases = []
+                        for dt in (torch.float16, torch.bfloat16):
+                            b = torch.randn(n, generator=g).to(dt).cuda() if with_bias else None
+                            cases.append((o.scaled_mm.default, (a, w, sa, sw, b, dt, tile), dt,
+                                          S.reference_scaled_mm(a, w, sa, sw, b, dt)))
+                            res = torch.randn(*out_shape, generator=g).to(dt).cuda()
+                            cases.append((o.scaled_mm_residual.default, (a, w, sa, sw, b, res, 0.7, dt, tile), dt,
+                                          residual.reference_scaled_mm_residual(a, w, sa, sw, b, res, 0.7, dt)))
+                        b32 = torch.randn(n, generator=g).cuda() if with_bias else None
+                        per_row = (torch.rand(m, generator=g) + 1).div(40).cuda()
+                        for out_scale in (torch.full((1,), 4 / 127).cuda(), per_row):
+                            cases.append((o.scaled_mm_quant.default, (a, w, sa, sw, b32, out_scale, tile), torch.int8,
+                                          S.reference_scaled_mm_quant(a, w, sa, sw, b32, out_scale)))
+                            for act in ("gelu", "silu"):
+                                cases.append((o.scaled_mm_act_quant.default,
+                                              (a, w, sa, sw, b32, out_scale, act, tile), torch.int8,
+                                              act_quant.reference_scaled_mm_act_quant(a, w, sa, sw, b32, out_scale,
+                                                                                      act)))
+                        for fn, args, dt, ref in cases:
+                            first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)
+                            where = (fn.__name__, m, n, k, per_token, with_bias)
+                            assert torch.equal(second, python) and torch.equal(first, python), where
+                            if dt == torch.int8:  # act-quant: the tanh.approx epilogue, at most one step
+                                assert (second.int() - ref.int()).abs().max().item() <= 1, where
+                            else:
+                                torch.testing.assert_close(second.float(), ref.float(), rtol=1e-2, atol=1e-2,
+                                                           msg=str(where))
+                            answered += hits
+                            checked += 1
+    assert answered == checked, (answered, checked)  # every second call was the C++ table's
+
+
+def test_conv1d_depthwise_cpp_answers_equal_python(hot_all):
+    from oasr_ops.families import hot_path
+    from oasr_ops.families.conv1d import ops as C
+
+    _, dw = hot_all
+    g = torch.Generator().manual_seed(1)
+    conv = torch.ops.oasr.conv1d_depthwise.default
+    checked = answered = 0
+    with torch.no_grad():
+        for bsz, t in ((1, 1), (1, 7), (2, 17), (3, 127), (16, 1000)):
+            for dtype in (torch.float16, torch.bfloat16):
+                for layout in ("btc", "bct"):
+                    for glu in (False, True):
+                        c = 512
+                        shape = (bsz, t, 2 * c if glu else c) if layout == "btc" else (bsz, 2 * c if glu else c, t)
+                        x = torch.randn(*shape, generator=g).to(dtype).cuda()
+                        for w_dtype, act, with_bias in ((torch.float32, "silu", True), (dtype, "none", False)):
+                            w = (torch.randn(c, 1, 31, generator=g) / 31**0.5).to(w_dtype).cuda()
+                            b = torch.randn(c, generator=g).to(w_dtype).cuda() if with_bias else None
+                            args = (x, w, b, 15, layout, act, dw, glu)
+                            out_shape = C._out_shape(x, layout, glu)
+                            first, second, python, hits = _three_answers(hot_path, conv, args, out_shape, dtype)
+                            where = (bsz, t, dtype, layout, glu, w_dtype, act)
+                            assert torch.equal(second, python) and torch.equal(first, python), where
+                            ref = C.reference_conv1d_depthwise(x, w, b, 15, layout, act, glu)
+                            torch.testing.assert_close(second.float(), ref.float(), rtol=2e-2, atol=2e-2,
+                                                       msg=str(where))
+                            answered += hits
+                            checked += 1
+        # a non-contiguous input: copied first, as the Python path does
+        xt = torch.randn(2, 512, 50, generator=g).half().cuda().transpose(1, 2)
+        w = torch.randn(512, 1, 31, generator=g).cuda()
+        first, second, python, hits = _three_answers(hot_path, conv, (xt, w, None, 15, "btc", "silu", dw, False),
+                                                     (2, 50, 512), torch.float16)
+        assert torch.equal(second, python) and hits == 1
+    assert answered == checked, (answered, checked)
+
+
+def test_int8_and_conv_capture_and_out_scale_checks(hot_all):
+    """An act-quant GEMM, a residual GEMM and a depthwise conv answered in C++ inside a CUDA graph captured on a side
+    stream (a launch on another stream fails the capture); an out_scale set to 0 in place afterwards is read again
+    and refused (ValueError), never launched with."""
+    tile, dw = hot_all
+    g = torch.Generator().manual_seed(2)
+    o = torch.ops.oasr
+    a, w, sa, sw = _int8_operands(64, 512, 512, True, g)
+    out_scale = torch.full((1,), 4 / 127, device="cuda")
+    res = torch.randn(64, 512, generator=g).half().cuda()
+    x = torch.randn(2, 100, 512, generator=g).half().cuda()
+    wd = torch.randn(512, 1, 31, generator=g).cuda() / 31**0.5
+    run = lambda: (o.scaled_mm_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile),  # noqa: E731
+                   o.scaled_mm_residual.default(a, w, sa, sw, None, res, 1.0, torch.float16, tile),
+                   o.conv1d_depthwise.default(x, wd, None, 15, "btc", "silu", dw, False))
+    with torch.no_grad():
+        eager = run()
+        run()  # the C++ table's now
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            captured = run()
+        graph.replay()
+        torch.cuda.synchronize()
+        for e, c in zip(eager, captured):
+            assert torch.equal(e, c)
+        out_scale.zero_()
+        with pytest.raises(ValueError, match="finite and > 0"):
+            o.scaled_mm_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile)
