@@ -411,8 +411,8 @@ def test_one_warning_without_cuda_graphs_on_cuda(monkeypatch):
     monkeypatch.setattr(be, "_any_cuda", lambda inputs: True)
     assert warned(options={"mode": "reduce-overhead"}) == [] and asked == []  # CUDA graphs: no host path to speed
     first = warned()
-    assert len(first) == 1 and "reduce-overhead" in first[0] and "runs on its C++ hot path" in first[0]
-    assert asked == ["CUDA"]  # oasr::gemm switched to the C++ hot path
+    assert len(first) == 1 and "reduce-overhead" in first[0] and "run on the C++ hot path" in first[0]
+    assert asked == ["CUDA"]  # the served ops switched to the C++ hot path
     assert warned() == [] and warned(options={"max_autotune": False}) == []  # once per process
     assert asked == ["CUDA"] * 3
 

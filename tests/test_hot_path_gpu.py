@@ -171,8 +171,11 @@ def test_grad_mode_forward_runs_backward_raises(hot):
 def test_backend_switches_it_on_without_cuda_graphs():
     """backend="oasr" without CUDA graphs serves its gemm sites from the C++ table; with CUDA graphs it does not
     switch anything on. Outputs match the eager model."""
+    import functools
+
     from oasr_ops.families import hot_path
     from oasr_ops.families.gemm import ops
+    from oasr_ops.inductor.backend import oasr_backend
 
     hot_path.disable()
     ops.reset_plans()
@@ -181,10 +184,11 @@ def test_backend_switches_it_on_without_cuda_graphs():
     x = torch.randn(8, 100, 256, device="cuda", dtype=torch.float16)
     try:
         with torch.no_grad():
-            graphs = torch.compile(model, backend="oasr", options={"mode": "reduce-overhead"})
+            # the backend function itself: a checkout on PYTHONPATH has no entry point naming "oasr"
+            graphs = torch.compile(model, backend=functools.partial(oasr_backend, mode="reduce-overhead"))
             graphs(x)
             assert hot_path.enabled() is None
-            compiled = torch.compile(model, backend="oasr", dynamic=True)
+            compiled = torch.compile(model, backend=oasr_backend, dynamic=True)
             for _ in range(3):
                 y = compiled(x)
             assert hot_path.enabled() == "CUDA"
@@ -192,7 +196,9 @@ def test_backend_switches_it_on_without_cuda_graphs():
         torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
         assert torch.ops.oasr_hot.size() > 0
         answered = torch.ops.oasr_hot.drain_calls()  # (slot, calls) pairs counted by the C++ table
-        assert sum(answered[1::2]) >= 4  # two sites: each one's first call installs, the next two are C++'s
+        # each oasr site's first call installs, the next two are C++'s; at least one of the two Linear sites is an
+        # oasr op (a site whose DB answer is cuBLAS at every M stays an aten node: rewrite.py)
+        assert sum(answered[1::2]) >= 2 and sum(answered[1::2]) % 2 == 0, answered
     finally:
         hot_path.disable()
         ops.reset_plans()
@@ -356,7 +362,7 @@ def test_int8_and_conv_capture_and_out_scale_checks(hot_all):
     o = torch.ops.oasr
     a, w, sa, sw = _int8_operands(64, 512, 512, True, g)
     out_scale = torch.full((1,), 4 / 127, device="cuda")
-    res = torch.randn(64, 512, generator=g).half().cuda()
+    res = torch.randn(*a.shape[:-1], 512, generator=g).half().cuda()
     x = torch.randn(2, 100, 512, generator=g).half().cuda()
     wd = torch.randn(512, 1, 31, generator=g).cuda() / 31**0.5
     run = lambda: (o.scaled_mm_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile),  # noqa: E731

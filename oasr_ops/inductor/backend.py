@@ -36,13 +36,13 @@ non-default):
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
   after the residual fusion. The weight concatenation runs on every call (constant-folded under Inductor's
   freezing, ``torch._inductor.config.freezing = True`` before compiling).
-* ``options={"cpp_hot_path": False}``: keep `oasr::gemm` on its Python op when compiling without CUDA graphs
-  (below; default True).
+* ``options={"cpp_hot_path": False}``: keep the oasr ops on their Python implementations when compiling without
+  CUDA graphs (below; default True).
 
-Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors switches
-`oasr::gemm` to its C++ hot path (option ``cpp_hot_path``, default True) and warns once per process: the other oasr
-ops still pay their Python host time, which makes host-bound calls slower than Inductor's
-(`_serve_without_cuda_graphs`).
+Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors switches the ops
+the C++ hot path serves (`oasr::gemm`, the int8 GEMMs, `oasr::conv1d_depthwise`) to it (option ``cpp_hot_path``,
+default True) and warns once per process: the other oasr ops still pay their Python host time, and at 1-4
+utterances per batch the served model can still be slower than Inductor's (`_serve_without_cuda_graphs`).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:
 `compile_fx(gm, example_inputs, config_patches=...)`. When that compile is an FX/AOT cache hit (our pass did not
@@ -81,11 +81,13 @@ def _any_cuda(example_inputs: list[Any]) -> bool:
 
 def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any], cpp_hot_path: bool) -> None:
     """A CUDA graph compiled without CUDA graphs: each oasr op call then costs its host time, and a host-bound model
-    (small batches; on a slow host every batch) can run slower than backend="inductor". So `oasr::gemm` is switched
-    to its C++ hot path (families/hot_path.py; unless ``cpp_hot_path=False``; built once like a kernel, a failure
-    keeps the Python op), and one warning per process says what is left — measured on the H200 (docs/perf/e2e.md,
-    "The C++ hot path of oasr::gemm"): fp16 0.90-1.00x of Inductor with the hot path (0.74-0.88x without), int8
-    0.61-0.68x (its int8 ops have no C++ path yet); with mode="reduce-overhead" the same models are the faster ones."""
+    (small batches; on a slow host every batch) can run slower than backend="inductor". So the ops the C++ hot path
+    serves (families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv) are switched to it (unless
+    ``cpp_hot_path=False``; built once like a kernel, a failure keeps the Python ops), and one warning per process
+    says what is left — measured on the H200 (docs/perf/e2e.md, "The C++ hot path of the int8 GEMMs and the
+    depthwise conv"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.06-1.18x and int8
+    1.04-1.14x overall, 0.89-1.05x at 1-4 utterances per batch; without it fp16 0.77-0.83x, int8 0.67x. With
+    mode="reduce-overhead" there is no host path to speed up."""
     import torch._inductor.config as inductor_config
 
     if patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs) or not _any_cuda(example_inputs):
@@ -102,13 +104,16 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"
-    host = ("oasr::gemm runs on its C++ hot path but the other oasr ops add Python host time per call" if not why_not
-            else f"the C++ hot path of oasr::gemm is {why_not}: every oasr op call adds Python host time")
+    host = ("gemm, the int8 GEMMs and the depthwise conv run on the C++ hot path, the other oasr ops add Python host "
+            "time per call" if not why_not
+            else f"the C++ hot path of the oasr ops is {why_not}: every oasr op call adds Python host time")
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
-               'than backend="inductor" (measured on the H200, variable-length traffic: fp16 0.90-1.00x with the C++ '
-               'hot path, 0.74-0.88x without; int8 0.61-0.68x); compile with mode="reduce-overhead" (options={"mode": '
-               '"reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA graphs")')
+               'than backend="inductor" (measured on the H200, variable-length traffic, vs fp16 Inductor: with the '
+               'C++ hot path fp16 1.06-1.18x and int8 1.04-1.14x overall but 0.89-1.05x at 1-4 utterances per '
+               'batch; without it fp16 0.77-0.83x, int8 0.67x); compile with mode="reduce-overhead" '
+               '(options={"mode": "reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA '
+               'graphs")')
 
 
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
