@@ -450,3 +450,8 @@ def test_without_cuda_graphs_hot_path_off_or_unavailable(monkeypatch):
     monkeypatch.setattr(hot_path, "enable", fail)
     (msg,) = warned()
     assert "unavailable" in msg and "no C++ compiler" in msg
+
+    # on already (the user's `enable_cpp_hot_path(ops=...)`): the backend keeps that choice, asks nothing
+    monkeypatch.setattr(hot_path, "enabled", lambda: "CUDA")
+    (msg,) = warned()
+    assert "run on the C++ hot path" in msg

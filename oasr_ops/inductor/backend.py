@@ -99,8 +99,9 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
         from ..families import hot_path
 
         try:
-            with _disable_current_modes():  # registering kernels is no tensor op for a tracing mode to see
-                hot_path.enable("CUDA")
+            if hot_path.enabled() != "CUDA":  # on already (e.g. the user's `enable_cpp_hot_path(ops=...)`): kept
+                with _disable_current_modes():  # registering kernels is no tensor op for a tracing mode to see
+                    hot_path.enable("CUDA")
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"

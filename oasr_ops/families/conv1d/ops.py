@@ -318,7 +318,6 @@ def _hot_install(key: tuple, plan: Plan) -> None:
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
 
-
 def served() -> list[Plan]:
     """Every plan this process has run, with its call count."""
     _hot.collect_calls()
