@@ -40,7 +40,7 @@ import ctypes
 import os
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -216,6 +216,21 @@ def clear() -> None:
 
 
 _database.on_reload(lambda _epoch: clear())
+
+
+def plan_cache_functions(cache: Any) -> tuple[Callable[[], list], Callable[[], None]]:
+    """`served` and `reset_plans` for a family whose plans (`cache`, a runtime.plans.PlanCache) the hot path copies:
+    the C++ table's call counts collected first, its copies forgotten with the plans."""
+    def served() -> list:
+        """Every plan this process has run, with its call count (the calls the C++ table answered included)."""
+        collect_calls()
+        return cache.served()
+
+    def reset_plans() -> None:
+        """Forget resolved plans, and the C++ hot path's copies of them."""
+        clear()
+        cache.clear()
+    return served, reset_plans
 
 
 def enable_from_env() -> None:

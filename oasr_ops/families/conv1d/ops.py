@@ -317,17 +317,7 @@ def _hot_install(key: tuple, plan: Plan) -> None:
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
 
-
-def served() -> list[Plan]:
-    """Every plan this process has run, with its call count."""
-    _hot.collect_calls()
-    return _PLANS.served()
-
-
-def reset_plans() -> None:
-    """Forget resolved plans (and the C++ hot path's copies of them)."""
-    _hot.clear()
-    _PLANS.clear()
+served, reset_plans = _hot.plan_cache_functions(_PLANS)
 
 
 def conv1d_depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, layout: str = "bct",

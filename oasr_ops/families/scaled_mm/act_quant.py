@@ -177,12 +177,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
 
 
 register_inference_op(_lib, "scaled_mm_act_quant", cpu=_cpu, cuda=_cuda, fake=_fake)
-
-
-def reset_plans() -> None:
-    """Forget resolved plans (and the C++ hot path's copies of them)."""
-    ops._hot.clear()
-    _PLANS.clear()
+_, reset_plans = ops._hot.plan_cache_functions(_PLANS)
 
 
 def scaled_mm_act_quant(a, w, scale_a, scale_w, out_scale, activation: str, bias=None, config: str = "auto"):

@@ -479,16 +479,7 @@ register_inference_op(_lib, "scaled_mm_quant", cpu=_scaled_mm_quant_cpu, cuda=_s
                       fake=_scaled_mm_quant_fake)
 
 
-def served() -> list[Plan]:
-    """Every plan this process has run, with its call count."""
-    _hot.collect_calls()
-    return _PLANS.served()
-
-
-def reset_plans() -> None:
-    """Forget resolved plans (and the C++ hot path's copies of them)."""
-    _hot.clear()
-    _PLANS.clear()
+served, reset_plans = _hot.plan_cache_functions(_PLANS)
 
 
 # ----------------------------------------------------------------------------------------------------------

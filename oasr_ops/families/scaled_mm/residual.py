@@ -169,18 +169,7 @@ def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
 
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
-
-
-def reset_plans() -> None:
-    """Forget resolved plans (and the C++ hot path's copies of them)."""
-    ops._hot.clear()
-    _PLANS.clear()
-
-
-def served() -> list:
-    """Every plan this process has run, with its call count."""
-    ops._hot.collect_calls()
-    return _PLANS.served()
+served, reset_plans = ops._hot.plan_cache_functions(_PLANS)
 
 
 def scaled_mm_residual(a, w, scale_a, scale_w, residual, alpha: float = 1.0, bias=None,
