@@ -27,12 +27,9 @@ def _check_vec(name: str, t: torch.Tensor, full: int, full_name: str, a: torch.T
                          f"got {tuple(t.shape)}")
 
 
-def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
-    if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise ValueError(f"oasr.{op}: a and w must be tensors")
-    if a.dtype != torch.int8 or w.dtype != torch.int8:
-        raise ValueError(f"oasr.{op}: a and w must be int8 (quantize activations with "
-                         f"torch.ops.oasr.quantize_per_token), got {a.dtype} and {w.dtype}")
+def check_operand_shapes(op: str, a, w, element: str, k_align: int = K_ALIGN) -> tuple[int, int]:
+    """w 2-D [N, K], a [..., K] on w's device, K a positive multiple of `k_align` (`element` operands are read 16 at
+    a time by TMA / cp.async): a ValueError naming the problem, else (N, K). Shared with the fp8 family."""
     if w.dim() != 2:
         raise ValueError(f"oasr.{op}: w must be 2-D [N, K], got shape {tuple(w.shape)}")
     if a.dim() < 1:
@@ -42,9 +39,19 @@ def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None
         raise ValueError(f"oasr.{op}: K mismatch: a is {tuple(a.shape)}, w is {tuple(w.shape)} (w is [N, K])")
     if a.device != w.device:
         raise ValueError(f"oasr.{op}: a is on {a.device}, w on {w.device}")
-    if k % K_ALIGN or k == 0:
-        raise ValueError(f"oasr.{op}: K={k} is not a positive multiple of {K_ALIGN} (int8 operands are read 16 at "
-                         "a time)")
+    if k % k_align or k == 0:
+        raise ValueError(f"oasr.{op}: K={k} is not a positive multiple of {k_align} ({element} operands are read 16 "
+                         "at a time)")
+    return n, k
+
+
+def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ValueError(f"oasr.{op}: a and w must be tensors")
+    if a.dtype != torch.int8 or w.dtype != torch.int8:
+        raise ValueError(f"oasr.{op}: a and w must be int8 (quantize activations with "
+                         f"torch.ops.oasr.quantize_per_token), got {a.dtype} and {w.dtype}")
+    n, k = check_operand_shapes(op, a, w, "int8")
     if n % N_ALIGN[op]:
         raise ValueError(f"oasr.{op}: N={n} is not a multiple of {N_ALIGN[op]} (output rows are written "
                          "128 bits at a time)")
@@ -58,13 +65,21 @@ def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None
     else:
         _check_vec("out_scale", out_scale, m, "M", a, op)
         bias_dtype = torch.float32
-    if bias is not None:
-        if bias.dtype != bias_dtype:
-            raise ValueError(f"oasr.{op}: bias must have dtype {bias_dtype}, got {bias.dtype}")
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"oasr.{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
-        if bias.device != a.device:
-            raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
+    check_bias(op, bias, bias_dtype, n, a)
+
+
+def check_bias(op: str, bias, dtype: torch.dtype, n: int, a: torch.Tensor) -> None:
+    """None, or a [N] tensor of `dtype` on a's device: a ValueError naming the problem. Shared with the fp8 family."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise ValueError(f"oasr.{op}: bias must be a tensor or None")
+    if bias.dtype != dtype:
+        raise ValueError(f"oasr.{op}: bias must have dtype {dtype}, got {bias.dtype}")
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"oasr.{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
+    if bias.device != a.device:
+        raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
 
 
 def _check_layout(op: str, *tensors: tuple[str, torch.Tensor | None]) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 # the row count and the scale-vector check are the int8 family's: the same rules, the same messages
-from ..scaled_mm.ops import _check_vec, _rows as rows  # noqa: F401  (rows: re-exported for ops.py)
+from ..scaled_mm.checks import _check_vec, _rows as rows, check_bias, check_operand_shapes  # noqa: F401  (rows)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -34,18 +34,7 @@ def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None)
     if a.dtype != FP8 or w.dtype != FP8:
         raise ValueError(f"oasr.{op}: a and w must be float8_e4m3fn (quantize activations with "
                          f"torch.ops.oasr.quantize_per_token_fp8), got {a.dtype} and {w.dtype}")
-    if w.dim() != 2:
-        raise ValueError(f"oasr.{op}: w must be 2-D [N, K], got shape {tuple(w.shape)}")
-    if a.dim() < 1:
-        raise ValueError(f"oasr.{op}: a must have at least one dimension [..., K]")
-    n, k = w.shape
-    if a.shape[-1] != k:
-        raise ValueError(f"oasr.{op}: K mismatch: a is {tuple(a.shape)}, w is {tuple(w.shape)} (w is [N, K])")
-    if a.device != w.device:
-        raise ValueError(f"oasr.{op}: a is on {a.device}, w on {w.device}")
-    if k % K_ALIGN or k == 0:
-        raise ValueError(f"oasr.{op}: K={k} is not a positive multiple of {K_ALIGN} (fp8 operands are read 16 at "
-                         "a time)")
+    n, k = check_operand_shapes(op, a, w, "fp8", K_ALIGN)
     if n % N_ALIGN or n == 0:
         raise ValueError(f"oasr.{op}: N={n} is not a positive multiple of {N_ALIGN} (output rows are written "
                          "128 bits at a time; torch._scaled_mm needs it too)")
@@ -60,15 +49,7 @@ def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None)
     else:
         _check_vec("out_scale", out_scale, m, "M", a, op)
         bias_dtype = torch.float32
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            raise ValueError(f"oasr.{op}: bias must be a tensor or None")
-        if bias.dtype != bias_dtype:
-            raise ValueError(f"oasr.{op}: bias must have dtype {bias_dtype}, got {bias.dtype}")
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"oasr.{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
-        if bias.device != a.device:
-            raise ValueError(f"oasr.{op}: bias is on {bias.device}, a on {a.device}")
+    check_bias(op, bias, bias_dtype, n, a)
 
 
 def acc64(a2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
