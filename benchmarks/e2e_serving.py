@@ -13,8 +13,9 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   fp16-oasr   the same weights, backend="oasr"
   int8        `fusable_filter` -> `quantize_(int8_w8a8)` -> `calibrate` (on --calib batches of the same traffic)
               -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
-  <base>-cpp  (fp16-oasr-cpp, int8-cpp) the base variant's compiled function with the C++ hot path of oasr::gemm
-              on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes.
+  <base>-cpp  (fp16-oasr-cpp, int8-cpp) the base variant's compiled function with the C++ hot path (gemm, the int8
+              GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on
+              around each of its passes.
               The base variants compile with options={"cpp_hot_path": False}: without CUDA graphs the backend
               would otherwise switch the hot path on for the whole process, and the A/B would compare it with itself
               (`-cpp` is what backend="oasr" serves by default without CUDA graphs)
@@ -126,7 +127,7 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, r
 
 
 class HotPathVariant:
-    """A compiled variant served with the C++ hot path of `oasr::gemm` on (oasr_ops/families/hot_path.py): the same
+    """A compiled variant served with the C++ hot path on (oasr_ops/families/hot_path.py, every op it serves): the same
     compiled function as its base variant, the hot path switched on around each pass (`serving()`), outside the
     timed requests; its installed plans stay while it is off."""
 

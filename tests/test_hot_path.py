@@ -1,4 +1,5 @@
-"""The C++ hot path of `oasr::gemm` on the CPU (families/hot_path.py, templates/hot_path.cpp, codegen/host_ext.py).
+"""The C++ hot path on the CPU (families/hot_path.py, templates/hot_path.cpp, codegen/host_ext.py): `oasr::gemm`,
+and (the second script) the int8 GEMMs and the depthwise conv.
 
 The extension is really built (the host compiler against the installed torch, into a JIT directory of the test's
 own) and served at the CPU key, as the GPU serves it at CUDA: its backend and Autograd kernels replace the Python

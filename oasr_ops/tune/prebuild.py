@@ -231,7 +231,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     h = p.add_mutually_exclusive_group()
     h.add_argument("--hot-path", action="store_true",
-                   help="also build the C++ hot path of oasr::gemm for this torch (backend=oasr uses it without CUDA "
+                   help="also build the C++ hot path of the oasr ops for this torch (backend=oasr uses it without CUDA "
                         "graphs; OASR_CPP_HOT_PATH=1)")
     h.add_argument("--hot-path-only", action="store_true", help="build only the C++ hot path (no arch needed)")
     p.set_defaults(func=_run)
