@@ -13,6 +13,9 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   fp16-oasr   the same weights, backend="oasr"
   int8        `fusable_filter` -> `quantize_(int8_w8a8)` -> `calibrate` (on --calib batches of the same traffic)
               -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
+  <base>-graph-regions  (fp16-oasr-graph-regions, int8-graph-regions) the base variant compiled with
+              options={"eager_regions": False}: the tuning DB's graph regions also without CUDA graphs (by default
+              the backend bakes the entries' regions_eager there: tune/serving_regions.py) — the A/B of that rule
   <base>-cpp  (fp16-oasr-cpp, int8-cpp) the base variant's compiled function with the C++ hot path (gemm, the int8
               GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on
               around each of its passes.
@@ -351,6 +354,12 @@ def main() -> int:
         oasr_ops.calibrate(q, calib)
         variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
                                               "cpp_hot_path": False})
+    for base in ("fp16-oasr", "int8"):
+        if f"{base}-graph-regions" in names:
+            if base not in variants:
+                raise SystemExit(f"--variants: {base}-graph-regions needs {base} too")
+            m, backend, opts = variants[base]
+            variants[f"{base}-graph-regions"] = (copy.deepcopy(m), backend, {**opts, "eager_regions": False})
     res: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                  "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model, "model_args": margs, "mode": a.mode,
                  "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,

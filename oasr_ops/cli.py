@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 # Modules that add `oasr tune <name>` subcommands through `register(subparsers)`.
 _TUNE_MODULES = ("oasr_ops.tune.census_cli", "oasr_ops.tune.build_cli", "oasr_ops.tune.evaluate",
-                 "oasr_ops.tune.status", "oasr_ops.tune.prebuild", "oasr_ops.tune.matrix.cli")
+                 "oasr_ops.tune.status", "oasr_ops.tune.prebuild", "oasr_ops.tune.matrix.cli",
+                 "oasr_ops.tune.serving_regions_cli")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -123,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`oasr tune diff A B | head`): nothing left to say to it
+        try:
+            sys.stdout = open(os.devnull, "w")  # Python's own flush at exit would raise again
+        except OSError:
+            pass
+        return 141
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ Handler contracts (``FamilySpec.handlers``):
     censused returns ``[]`` (the census counts those sites under ``not_censused``).
 
 Configs: a static M bakes ``select_config(...).config`` (a concrete id or a sentinel); a symbolic M bakes the
-signature's region table (``format_table(select.region_table(...))``), resolved per call. A table whose answer
+signature's region table (``format_table(select.region_table(...))``), resolved per call. A graph compiled to run
+without CUDA graphs (``eager``) bakes from the entries' ``regions_eager`` where they have them. A table whose answer
 depends on M beyond the DB (a cost model or registered heuristic: ``auto`` rows) is baked as ``auto`` except for
 a trailing ``auto`` row, which the ops already treat as "past the end -> auto".
 """
@@ -201,16 +202,23 @@ def signature(family: str, op: str, dtype: str, n: int, k: int) -> str:
     return database.signature(family, op, dtype, n, k)
 
 
-def bake(family: str, op: str, dtype: str, n: int, k: int, m: int | None, arch: str | None) -> tuple[str, str, str]:
-    """(config string, tier, signature) to put into the graph for M = `m` (None: symbolic, a region table)."""
+def bake(family: str, op: str, dtype: str, n: int, k: int, m: int | None, arch: str | None,
+         eager: bool = False) -> tuple[str, str, str]:
+    """(config string, tier, signature) to put into the graph for M = `m` (None: symbolic, a region table).
+    ``eager``: the graph runs without CUDA graphs, so the DB's ``regions_eager`` answer where an entry has them
+    (tune/serving_regions.py); an autotune() result still comes first."""
     from ..runtime import select
     from ..runtime.plans import format_table
 
     sig = signature(family, op, dtype, n, k)
     if m is not None:
         s = select.select_config(family, op, dtype, n, k, m, arch)
+        if eager and s.tier != "autotune":
+            hit = select.eager_answer(family, op, dtype, n, k, m, arch)
+            if hit is not None:
+                return hit[0], hit[1], sig
         return s.config, s.tier, sig
-    table = select.region_table(family, op, dtype, n, k, arch)
+    table = select.region_table(family, op, dtype, n, k, arch, eager=eager)
     tier = table_tier(family, op, dtype, n, k, arch)
     if table and table[-1][1] == "auto":
         table = table[:-1]
@@ -239,11 +247,12 @@ class RewriteContext:
     result: RewriteResult
     bake: bool = True
     arch: str | None = None
+    eager: bool = False  # the graph runs without CUDA graphs (`bake`)
 
     def choose(self, family: str, op: str, dtype: str, n: int, k: int, m: int | None) -> tuple[str, str, str]:
         """(config, tier, signature): the baked answer, or ``("auto", "", signature)`` when not baking."""
         if self.bake:
-            return bake(family, op, dtype, n, k, m, self.arch)
+            return bake(family, op, dtype, n, k, m, self.arch, self.eager)
         return "auto", "", signature(family, op, dtype, n, k)
 
     def skip(self, node: torch.fx.Node, reason: str) -> None:
@@ -259,17 +268,19 @@ class RewriteContext:
         return site
 
 
-def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None = None) -> RewriteResult:
+def rewrite_graph(graph: torch.fx.Graph, *, bake: bool = True, arch: str | None = None,
+                  eager: bool = False) -> RewriteResult:
     """Hand `graph` to every registered family's ``rewrite`` matcher (registration order); returns what they did.
 
-    ``bake=False`` (the census) inserts ``config="auto"`` and resolves nothing.
+    ``bake=False`` (the census) inserts ``config="auto"`` and resolves nothing. ``eager``: the graph will run
+    without CUDA graphs (`bake`).
     """
     res = RewriteResult()
     if bake:
         from ..runtime import database
 
         res.epoch = database.epoch()
-    ctx = RewriteContext(graph, res, bake, arch)
+    ctx = RewriteContext(graph, res, bake, arch, eager)
     for spec in sorted(registry.families().values(), key=lambda f: f.rewrite_order):  # stable: registration order
         matcher = spec.handler("rewrite")
         if matcher is not None:

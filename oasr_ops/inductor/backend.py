@@ -38,8 +38,11 @@ non-default):
   freezing, ``torch._inductor.config.freezing = True`` before compiling).
 * ``options={"cpp_hot_path": False}``: keep the oasr ops on their Python implementations when compiling without
   CUDA graphs (below; default True).
+* ``options={"eager_regions": False}``: bake the same configs without CUDA graphs as with them (below; default True).
 
-Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors switches the ops
+Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors bakes the
+tuning DB's ``regions_eager`` where an entry has them (tune/serving_regions.py: where the graph table serves cuBLAS
+through `oasr::gemm` at a launch-bound M, a measured tile costs less host time per call), and switches the ops
 the C++ hot path serves (`oasr::gemm`, the int8 GEMMs, `oasr::conv1d_depthwise`) to it (option ``cpp_hot_path``,
 default True) and warns once per process: the other oasr ops still pay their Python host time, and at 1-4
 utterances per batch the served model can still be slower than Inductor's (`_serve_without_cuda_graphs`).
@@ -50,6 +53,7 @@ run), the graph is recorded for the tuning report (`rewrite.record_cache_hit`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -59,14 +63,18 @@ from . import rewrite
 from .rewrite import ChainedPass, OasrRewritePass
 
 
-def _config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
+def _config_patches(mode: str | None, options: dict[str, Any], example_inputs: Sequence[Any] = (),
+                    eager_regions: bool = True) -> dict[str, Any]:
+    """Inductor's config patches for `mode` + `options`, with our pass (before a user's). The pass bakes the DB's
+    eager regions when the graph will run without CUDA graphs on CUDA tensors (and ``eager_regions``)."""
     patches: dict[str, Any] = {}
     if mode and mode != "default":
         import torch._inductor as inductor
 
         patches.update(inductor.list_mode_options(mode))
     patches.update(options)
-    ours = OasrRewritePass()
+    eager = eager_regions and not _uses_cuda_graphs(patches) and _any_cuda(example_inputs)
+    ours = OasrRewritePass(eager=eager)
     user_pass = patches.pop("post_grad_custom_pre_pass", None)
     patches["post_grad_custom_pre_pass"] = ours if user_pass is None else ChainedPass(ours, user_pass)
     return patches
@@ -75,8 +83,14 @@ def _config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]
 _warn_once = WarnOnce()
 
 
-def _any_cuda(example_inputs: list[Any]) -> bool:
+def _any_cuda(example_inputs: Sequence[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+
+
+def _uses_cuda_graphs(patches: dict[str, Any]) -> bool:
+    import torch._inductor.config as inductor_config
+
+    return bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
 
 
 def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any], cpp_hot_path: bool) -> None:
@@ -85,12 +99,10 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     serves (families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv) are switched to it (unless
     ``cpp_hot_path=False``; built once like a kernel, a failure keeps the Python ops), and one warning per process
     says what is left — measured on the H200 (docs/perf/e2e.md, "The C++ hot path of the int8 GEMMs and the
-    depthwise conv"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.06-1.18x and int8
-    1.04-1.14x overall, 0.89-1.05x at 1-4 utterances per batch; without it fp16 0.77-0.83x, int8 0.67x. With
+    depthwise conv", "Eager regions"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.10-1.21x
+    and int8 1.04-1.14x overall, but 0.83-0.99x at 4 utterances per batch; without it fp16 0.77-0.90x, int8 0.67x. With
     mode="reduce-overhead" there is no host path to speed up."""
-    import torch._inductor.config as inductor_config
-
-    if patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs) or not _any_cuda(example_inputs):
+    if _uses_cuda_graphs(patches) or not _any_cuda(example_inputs):
         return
     why_not = "off (cpp_hot_path=False)"
     if cpp_hot_path:
@@ -111,8 +123,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
                'than backend="inductor" (measured on the H200, variable-length traffic, vs fp16 Inductor: with the '
-               'C++ hot path fp16 1.06-1.18x and int8 1.04-1.14x overall but 0.89-1.05x at 1-4 utterances per '
-               'batch; without it fp16 0.77-0.83x, int8 0.67x); compile with mode="reduce-overhead" '
+               'C++ hot path fp16 1.10-1.21x and int8 1.04-1.14x overall but 0.83-0.99x at 4 utterances per '
+               'batch; without it fp16 0.77-0.90x, int8 0.67x); compile with mode="reduce-overhead" '
                '(options={"mode": "reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA '
                'graphs")')
 
@@ -174,12 +186,17 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
 
             prewarm_graph(gm, example_inputs, tuning)
     cpp_hot_path = bool(opts.pop("cpp_hot_path", True))
-    patches = _config_patches(mode, opts)
+    eager_regions = opts.pop("eager_regions", True)
+    if not isinstance(eager_regions, bool):
+        raise ValueError(f"options['eager_regions'] must be True or False, got {eager_regions!r}")
+    patches = _config_patches(mode, opts, example_inputs, eager_regions)
     _serve_without_cuda_graphs(patches, example_inputs, cpp_hot_path)
     runs = rewrite.pass_runs()
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if rewrite.pass_runs() == runs:  # an FX/AOT cache hit: the pass did not run; the report re-derives the sites
-        rewrite.record_cache_hit(gm, example_inputs)
+        ours = patches["post_grad_custom_pre_pass"]
+        ours = ours.first if isinstance(ours, ChainedPass) else ours
+        rewrite.record_cache_hit(gm, example_inputs, eager=ours.eager)
     return compiled
 
 

@@ -36,6 +36,7 @@ class _CacheHit:
     args: list[Any]          # (shape, dtype, device) per tensor input, plain values otherwise
     arch: str | None
     epoch: int
+    eager: bool = False      # compiled to run without CUDA graphs (bakes the DB's eager regions)
     result: RewriteResult | None = None
 
 
@@ -69,7 +70,7 @@ def _hint(x: Any) -> Any:
     return x
 
 
-def record_cache_hit(gm: Any, example_inputs: list[Any], arch: str | None = None) -> None:
+def record_cache_hit(gm: Any, example_inputs: list[Any], arch: str | None = None, eager: bool = False) -> None:
     """The backend compiled `gm` without running the pass (an FX/AOT cache hit): keep what re-deriving its sites
     needs — the graph module and its inputs' shapes (not the tensors: no weights are held)."""
     from ..runtime import database
@@ -81,7 +82,7 @@ def record_cache_hit(gm: Any, example_inputs: list[Any], arch: str | None = None
         if len(pending) >= _MAX_PENDING:
             _DROPPED[0] += 1
             return
-        _HITS.append(_CacheHit(gm, args, arch, database.epoch()))
+        _HITS.append(_CacheHit(gm, args, arch, database.epoch(), eager))
 
 
 def _derive(hit: _CacheHit) -> RewriteResult:
@@ -97,7 +98,8 @@ def _derive(hit: _CacheHit) -> RewriteResult:
         return gm(*full)
 
     try:
-        res, _env, _f = trace_sites(fn, [args[i] for i in tensor_idx], bake=True, arch=hit.arch)
+        res, _env, _f = trace_sites(fn, [args[i] for i in tensor_idx], bake=True, arch=hit.arch,
+                                    eager=hit.eager)
     except Exception as e:  # a graph the trace cannot replay: say so rather than report nothing
         res = RewriteResult(skipped=[("<graph>", f"not re-derived from the cache hit: {type(e).__name__}: {e}")])
     res.epoch, res.source = hit.epoch, "cache"
@@ -165,14 +167,16 @@ except ImportError:  # pragma: no cover - torch < 2.6
 
 
 class OasrRewritePass(_Base):  # type: ignore[misc]
-    """The `post_grad_custom_pre_pass` object. `uuid()` = pass sources + version + arch + DB selection hash."""
+    """The `post_grad_custom_pre_pass` object. `uuid()` = pass sources + version + arch + DB selection hash +
+    whether the graph runs without CUDA graphs (``eager``: it bakes the DB's eager regions, `families.graph.bake`)."""
 
-    def __init__(self, arch: str | None = None) -> None:
+    def __init__(self, arch: str | None = None, eager: bool = False) -> None:
         self.arch = arch
+        self.eager = eager
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         _LOCAL.runs = pass_runs() + 1
-        res = rewrite_graph(graph, bake=True, arch=self.arch)
+        res = rewrite_graph(graph, bake=True, arch=self.arch, eager=self.eager)
         with _LOG_LOCK:
             _LOG.append(res)
 
@@ -183,7 +187,8 @@ class OasrRewritePass(_Base):  # type: ignore[misc]
 
         arch = normalize_arch(self.arch) if self.arch else current_arch_family()
         h = hashlib.sha256()
-        for part in ("oasr-rewrite-v1", _source_hash(), __version__, arch or "none", select.selection_hash(arch)):
+        for part in ("oasr-rewrite-v1", _source_hash(), __version__, arch or "none", select.selection_hash(arch),
+                     "eager" if self.eager else "graphs"):
             h.update(part.encode())
             h.update(b"|")
         return h.hexdigest()

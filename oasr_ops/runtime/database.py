@@ -15,6 +15,7 @@ File format (schema 2)::
      "configs": {"t64x64x64_c1x1_pp": {<Config.to_dict()>}, ...},
      "entries": {"gemm|op=gemm|dt=half|N=512|K=256": {
          "regions": [[512, "t64x64x64_c1x1_pp"], [null, "default"]],
+         "regions_eager": [[256, "t64x32x64_c1x1_pp"], ...],  # optional: graphs run without CUDA graphs
          "evidence": {...}, "source": "aot", "notes": [...], "soft": {...}  # soft only where it differs
      }},
      "model": {...}}   # optional cost-model parameters

@@ -32,6 +32,8 @@ class Entry:
     points: Mapping[str, str] = field(default_factory=dict)
     soft: dict[str, Any] | None = None  # the entry's own validators, when it carries them
     source: str | None = None
+    # The regions a graph compiled without CUDA graphs is served (tune/serving_regions.py); None: `regions`.
+    regions_eager: tuple[tuple[int | None, str | None], ...] | None = None
 
     def lookup(self, m: int) -> str | None:
         """Round-up region lookup; None when no region covers M (or M lands in a hole)."""
@@ -133,31 +135,36 @@ def _check_config_uncached(cfg: str, lane: Any, table: Mapping[str, Any], op: st
 
 
 def _parse_regions(raw: Any, sig: str, lane: Any, table: Mapping[str, Any], op: str,
-                   pr: Problems, memo: dict) -> tuple[tuple[int | None, str | None], ...] | None:
+                   pr: Problems, memo: dict, field_name: str = "regions"
+                   ) -> tuple[tuple[int | None, str | None], ...] | None:
     if not isinstance(raw, list):
-        pr.add(f"entry {_short(sig)}: regions is not a list; entry skipped")
+        if field_name == "regions":
+            pr.add(f"entry {_short(sig)}: regions is not a list; entry skipped")
+        else:  # the optional eager table: without it an eager graph is served the regions
+            pr.add(f"entry {_short(sig)}: {field_name} is not a list; ignored (regions serve)")
         return None
+    row = "region" if field_name == "regions" else f"{field_name} row"
     out: list[tuple[int | None, str | None]] = []
     last = 0
     for i, r in enumerate(raw):
         if out and out[-1][0] is None:
-            pr.add(f"entry {sig}: region {i} follows the catch-all (unreachable); skipped")
+            pr.add(f"entry {sig}: {row} {i} follows the catch-all (unreachable); skipped")
             break
         if not (isinstance(r, list) and len(r) == 2):
-            pr.add(f"entry {sig}: region {i} is not [m_hi, config]; skipped")
+            pr.add(f"entry {sig}: {row} {i} is not [m_hi, config]; skipped")
             continue
         m_hi, cfg = r
         if m_hi is not None:
             if type(m_hi) is not int or not (1 <= m_hi <= _MAX_M):
-                pr.add(f"entry {sig}: region {i} m_hi {_short(m_hi)} is not a positive int; skipped")
+                pr.add(f"entry {sig}: {row} {i} m_hi {_short(m_hi)} is not a positive int; skipped")
                 continue
             if m_hi <= last:
-                pr.add(f"entry {sig}: region {i} m_hi {m_hi} out of order (after {last}); skipped")
+                pr.add(f"entry {sig}: {row} {i} m_hi {m_hi} out of order (after {last}); skipped")
                 continue
             last = m_hi
         why = check_config(cfg, lane, table, op, memo)
         if why is not None:
-            pr.add(f"entry {sig}: region {i}: {why}; falls through to the next tier")
+            pr.add(f"entry {sig}: {row} {i}: {why}; falls through to the next tier")
             cfg = None
         out.append((m_hi, cfg))
     return tuple(out)
@@ -206,13 +213,16 @@ def parse_entry(sig: Any, raw: Any, family: str, lane: Any, table: Mapping[str, 
         if parsed is None:
             return None
         regions = parsed
+    eager = None
+    if "regions_eager" in raw:  # regions for graphs run without CUDA graphs (tune/serving_regions.py)
+        eager = _parse_regions(raw["regions_eager"], sig, lane, table, parts.op, pr, memo, "regions_eager")
     points = _parse_points(raw.get("points"), sig, family, lane, table, parts.op, pr, memo)
     soft = raw.get("soft")
     if soft is not None and not isinstance(soft, dict):
         pr.add(f"entry {sig}: soft validators malformed; treated as unknown (stale)")
         soft = {}
     source = raw.get("source") if isinstance(raw.get("source"), str) else None
-    return Entry(sig, regions, points, soft, source)
+    return Entry(sig, regions, points, soft, source, eager)
 
 
 def too_deep(obj: Any, limit: int) -> bool:

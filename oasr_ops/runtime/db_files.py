@@ -34,7 +34,7 @@ SCHEMA_VERSION = _val.SCHEMA_VERSION
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 200_000  # a real deployment has hundreds to thousands; bounds a hostile file of tiny entries
 EAGER_ENTRIES = 4096  # files up to this many entries are validated whole at load
-_SERVED_KEYS = ("regions", "points", "soft", "source")
+_SERVED_KEYS = ("regions", "regions_eager", "points", "soft", "source")
 
 _LANE_RE = re.compile(r"^[a-z0-9_]{1,64}$")
 
@@ -72,10 +72,11 @@ def _slim(doc: Any) -> tuple[Any, dict[tuple[str, str], None]]:
             if type(e) is dict:
                 e = {k: e[k] for k in keys if k in e}
                 op = sig.split("|", 2)[1][3:] if sig.count("|") >= 2 else ""
-                regions, points = e.get("regions"), e.get("points")
-                for r in regions if type(regions) is list else ():
-                    if type(r) is list and len(r) == 2 and type(r[1]) is str:
-                        refs[(r[1], op)] = None
+                points = e.get("points")
+                for regions in (e.get("regions"), e.get("regions_eager")):
+                    for r in regions if type(regions) is list else ():
+                        if type(r) is list and len(r) == 2 and type(r[1]) is str:
+                            refs[(r[1], op)] = None
                 for cfg in points.values() if type(points) is dict else ():
                     if type(cfg) is str:
                         refs[(cfg, op)] = None

@@ -45,6 +45,9 @@ class FamilySpec:
                      cost model's structure describes and whose fallback is cuBLAS (scaled_mm_fp8: "fp8"); the
                      guard then calibrates on the signature's own measurements and caps at the anchor
                      (region_guard.calibrated_ratio); None: guarded only when `modelled` (as fp16).
+    eager_regions:   the build also writes each entry's ``regions_eager`` (tune/serving_regions.py): the regions a
+                     graph compiled without CUDA graphs is served, where a launch-bound tile replaces the torch arm
+                     (whose host cost per call is the larger). gemm: its torch arm goes through `oasr::gemm`.
     no_streamk_ops:  ops whose launcher has no Stream-K variant (such an entry falls back, warned once).
     heuristic:       the ``heuristic`` sentinel's answer, wherever it is served (`select.serve_config`, a plan's
                      sentinel expansion); not a tier-chain plug-in, so `select_config` and the region tables a
@@ -73,6 +76,7 @@ class FamilySpec:
     streamk_measured_only: bool = False
     modelled: bool = False
     wave_guard_dtype: str | None = None
+    eager_regions: bool = False
     no_streamk_ops: tuple[str, ...] = ()
     heuristic: HeuristicFn | None = None
     production_extras: Callable[[Lane], Iterable[str]] | None = None

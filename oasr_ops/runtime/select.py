@@ -39,6 +39,8 @@ printed report also gives the number of resolutions per tier (memo misses: one p
 `tuning_report()` returns ``{family: {op: {tier: calls}}}`` (or prints a text table with ``print_=True`` and
 returns the text); `resolution_counts(family)` the served resolutions ``{op: {tier: shapes}}``.
 
+`region_table(..., eager=True)` and `eager_answer(...)`: for graphs run without CUDA graphs, each entry's
+``regions_eager`` where it has one (tune/serving_regions.py), baked by `families.graph.bake`.
 `region_table(...)` merges the tiers into one ``[[m_hi, config], ..., [None, terminator]]`` a compiled graph can
 bake; `resolve_in_table(table, m)` is its per-call round-up lookup. The table gives the same answer as
 `select_config` for every M: it is built by resolving the chain at every breakpoint of every tier. Where the
@@ -213,7 +215,7 @@ def _feasible_regions(regions, lane, n: int, k: int, arch: str, sig: str):
     return tuple(out)
 
 
-def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: str) -> _Ctx:
+def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: str, eager: bool = False) -> _Ctx:
     spec = _registry.get(family)
     lane = spec.native_lane(arch)
     # OASR_GEMM_HEURISTIC=0: every shape of a lane-default family gets the lane default (DB and model ignored).
@@ -222,7 +224,8 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
     chain = []
     if not heuristic_off:
         for tier, e in _db.chain(family, op, dtype, n, k, arch):
-            chain.append((tier, _feasible_regions(e.regions, lane, n, k, arch, e.signature), dict(e.points)))
+            regions = e.regions_eager if eager and e.regions_eager is not None else e.regions
+            chain.append((tier, _feasible_regions(regions, lane, n, k, arch, e.signature), dict(e.points)))
     model = None
     if model_on and not heuristic_off:
         model = _COST_MODELS.get(family) or (_model_tier(family, op, arch) if spec.modelled else None)
@@ -246,14 +249,14 @@ def _model_tier(family: str, op: str, arch: str) -> PluginFn:
     return tier
 
 
-def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str) -> _Ctx:
-    dt = _db.normalize_dtype(dtype)
-    key = (_db.epoch(), family, op, dt, n, k, arch)  # the epoch: a context built from an older snapshot never leaks
+def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str, eager: bool = False) -> _Ctx:
+    dt = _db.normalize_dtype(dtype)  # the epoch: a context built from an older snapshot never leaks
+    key = (_db.epoch(), family, op, dt, n, k, arch, eager)
     ctx = _CTX.get(key)
     if ctx is None:
         sigs = _db.lookup_signatures(family, op, dt, n, k)
         sig = sigs[0] if sigs else f"{family}|op={op}|dt={dt}|N={n}|K={k}"
-        ctx = _make_ctx(family, op, dt, n, k, arch, sig)
+        ctx = _make_ctx(family, op, dt, n, k, arch, sig, eager)
         _CTX[key] = ctx
     return ctx
 
@@ -420,14 +423,16 @@ def select_conv1d(op: str, dtype: Any, n: int, k: int, batch: int, t: int, t_out
     return cell.sel
 
 
-def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None) -> list[list]:
-    """All tiers merged into ``[[m_hi, config], ..., [None, terminator]]``; agrees with `select_config`."""
+def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None,
+                 eager: bool = False) -> list[list]:
+    """All tiers merged into ``[[m_hi, config], ..., [None, terminator]]``; agrees with `select_config` (with
+    ``eager``, the entries' ``regions_eager``: with `eager_answer`)."""
     if not _db._known(family, op):
         raise ValueError(f"unknown family/op {family!r}/{op!r}")
     a = normalize_arch(arch) if arch else current_arch_family()
     if a is None:
         return [[None, _registry.get(family).no_arch]]
-    ctx = _context(family, op, dtype, n, k, a)
+    ctx = _context(family, op, dtype, n, k, a, eager)
     bps = sorted({m for _, regions, _ in ctx.chain for m, _ in regions if m is not None})
     # The built-in model tier answers a step function of M (its rungs): bake it too, so a symbolic-M site whose
     # every answer is cuBLAS stays an aten node. Any other M-dependent fallback is resolved per call ("auto").
@@ -449,6 +454,18 @@ def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | N
         else:
             table.append([b, cfg])
     return table
+
+
+def eager_answer(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None
+                 ) -> tuple[str, str] | None:
+    """(config, tier) the DB answers a graph run without CUDA graphs at a static M (the entries' ``regions_eager``
+    where they have one, else their regions); None where no DB tier covers M. Compile time only: not memoised."""
+    if not _db._known(family, op):
+        raise ValueError(f"unknown family/op {family!r}/{op!r}")
+    a = normalize_arch(arch) if arch else current_arch_family()
+    if a is None:
+        return None
+    return _walk_db(_context(family, op, dtype, n, k, a, eager=True), m)
 
 
 def resolve_in_table(table: list[list], m: int) -> str:

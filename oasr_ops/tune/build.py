@@ -51,6 +51,7 @@ from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
 from .shapes import fill_points
 from .from_log import entries_from_log, model_from_log  # noqa: F401  (entries_from_log: re-exported)
 from .region_guard import guard_signature
+from .serving_regions import build_step
 from .validation import geometric_midpoints, partition_validated
 
 log = logging.getLogger(__name__)
@@ -367,7 +368,8 @@ def measure_signature(work: SignatureWork, points: list[Point], opts: BuildOptio
     shared = None  # the weight copies go before the cache is emptied (the closures hold the cell)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return guard_signature(v.partition.entry(source="aot"), times, fallback_id(cands), work.signature, arch)
+    entry = guard_signature(v.partition.entry(source="aot"), times, fallback_id(cands), work.signature, arch)
+    return build_step(entry, work.signature, charged and any(p.eager_fraction > 0 for p in pts))
 
 
 MeasureOne = Any  # (work, points, opts, result) -> DB entry dict

@@ -123,13 +123,13 @@ def _decomps() -> dict:
 
 
 def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dict[int, list[int]] | None = None,
-                *, bake: bool = False, arch: str | None = None) -> tuple[Any, Any, list[Any]]:
+                *, bake: bool = False, arch: str | None = None, eager: bool = False) -> tuple[Any, Any, list[Any]]:
     """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's rewrite.
 
     ``tensor_args``: tensors (real or meta) or (shape, dtype, device) triples. ``dynamic``: arg index -> dims
     made symbolic (sizes 0/1 stay static). ``bake``: resolve configs as the backend's pass does (the tuning
-    report re-deriving a cache-hit graph); the census keeps ``False``. Returns (RewriteResult, shape_env, fake
-    args).
+    report re-deriving a cache-hit graph); the census keeps ``False``. ``eager``: bake as for a graph run without
+    CUDA graphs. Returns (RewriteResult, shape_env, fake args).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -161,7 +161,7 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=_decomps(), tracing_mode="symbolic")(*fakes)
     gm.graph.eliminate_dead_code()
-    res = rewrite_graph(gm.graph, bake=bake, arch=arch)
+    res = rewrite_graph(gm.graph, bake=bake, arch=arch, eager=eager)
     return res, shape_env, fakes
 
 

@@ -35,6 +35,7 @@ from ..runtime.database import LOCK_TIMEOUT_S, SCHEMA_VERSION, TuningDBWarning, 
 from ..runtime.db_files import (_LANE_RE, MAX_ENTRIES, MAX_FILE_BYTES, header_problem, in_fresh_thread, lane_obj,
                                 read_document)
 from ..runtime.db_entries import Problems, parse_entry
+from .serving_regions import with_eager_regions
 from ..runtime.database import _read_json  # noqa: F401  (old private name; `oasr tune diff` reads through it)
 from ..runtime.database import epoch, on_reload, reload  # noqa: F401  (public: oasr_ops.tune.database.reload)
 
@@ -96,7 +97,7 @@ def _referenced_ids(entries: Mapping[str, Any]) -> set[str]:
     for e in entries.values():
         if not isinstance(e, dict):
             continue
-        for r in e.get("regions") or []:
+        for r in [*(e.get("regions") or []), *(e.get("regions_eager") or [])]:
             if isinstance(r, list) and len(r) == 2 and isinstance(r[1], str):
                 ids.add(r[1])
         pts = e.get("points")
@@ -160,6 +161,11 @@ def _merge(existing: dict[str, Any] | None, new_entries: Mapping[str, Any], *, f
                 e["evidence"] = {**old["evidence"], **(e.get("evidence") or {})}
             if isinstance(old.get("notes"), list):
                 e["notes"] = old["notes"] + list(e.get("notes") or [])
+            # the eager table is derived from the regions and evidence: re-derived from the merged ones (the old
+            # entry's would describe regions that no longer exist; a new entry without one, e.g. measured with
+            # host time charged, has none)
+            if "regions_eager" in e:
+                e = with_eager_regions(e)
             # Mixed entry: it keeps the older validators, so it stays stale until rebuilt.
             if own(old) != stamp:
                 e["soft"] = own(old)

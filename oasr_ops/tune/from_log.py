@@ -13,6 +13,7 @@ from ..runtime.database import parse_signature
 from .candidates import candidates_for, fallback_id, pseudo_arms
 from .points import Point
 from .region_guard import guard_signature
+from .serving_regions import build_step
 from .validation import partition_validated
 
 __all__ = ["fit_model", "model_from_log", "log_tables", "partition_logged", "entries_from_log"]
@@ -78,8 +79,8 @@ def log_tables(records: Any) -> tuple[Tables, dict[str, dict[int, float]], dict[
 
 
 def partition_logged(sig: str, table: dict[int, dict[str, Any]], weights: dict[int, float], held: dict[str, Any],
-                     arch: str, min_speedup: float, max_loss: float | None, fallback: str | None = None
-                     ) -> dict[str, Any]:
+                     arch: str, min_speedup: float, max_loss: float | None, fallback: str | None = None,
+                     charged: bool = False) -> dict[str, Any]:
     """One signature's entry from a logged table, exactly as `measure_signature` partitions it."""
     parts = parse_signature(sig)
     cands = candidates_for(parts, arch) if parts is not None else []
@@ -96,7 +97,7 @@ def partition_logged(sig: str, table: dict[int, dict[str, Any]], weights: dict[i
                             fallback=fb, min_speedup=min_speedup, max_loss=max_loss,
                             starred=sorted(held.get("must_tune", ())),
                             evidence_extra={m: {"_l2": held.get("l2", "cold")} for m in table})
-    return guard_signature(v.partition.entry(source="aot"), table, fb, sig, arch)
+    return build_step(guard_signature(v.partition.entry(source="aot"), table, fb, sig, arch), sig, charged)
 
 
 def entries_from_log(log_path: str | Path, opts: Any, fallback: str | None = None
@@ -116,6 +117,7 @@ def entries_from_log(log_path: str | Path, opts: Any, fallback: str | None = Non
                 recs.append(r)
     tables, weights, held, _l2 = log_tables(recs)
     arch = opts.arch or "sm90"
+    charged = {r["signature"] for r in recs if (r.get("eager_fraction") or 0) > 0}  # host time in the objective
     out = {sig: partition_logged(sig, table, weights[sig], held[sig], arch, opts.min_speedup, opts.max_loss,
-                                 fallback) for sig, table in tables.items()}
+                                 fallback, sig in charged) for sig, table in tables.items()}
     return out, stamp

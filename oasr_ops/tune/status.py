@@ -143,7 +143,7 @@ def diff_docs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         }
         if any(ev.values()):
             d["evidence"] = ev
-        for key in ("source", "soft"):
+        for key in ("source", "soft", "regions_eager"):
             if isinstance(ea[sig], dict) and isinstance(eb[sig], dict) and ea[sig].get(key) != eb[sig].get(key):
                 d[key] = [ea[sig].get(key), eb[sig].get(key)]
         if d:
@@ -197,7 +197,7 @@ def _diff_text(d: dict[str, Any], a: str, b: str) -> str:
             lines.append(f"      evidence: +{len(ev['added'])} -{len(ev['removed'])} ~{len(ev['changed'])}")
             for k, (x, y) in ev["changed"].items():
                 lines.append(f"        {k}: {json.dumps(x)[:60]} -> {json.dumps(y)[:60]}")
-        for key in ("source", "soft"):
+        for key in ("source", "soft", "regions_eager"):
             if key in e:
                 lines.append(f"      {key}: {json.dumps(e[key][0])[:60]} -> {json.dumps(e[key][1])[:60]}")
     for cid, (x, y) in d["configs"].items():

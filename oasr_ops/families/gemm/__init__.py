@@ -20,6 +20,7 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="default",
     no_arch="default",
     modelled=True,
+    eager_regions=True,
     render=render,
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,

@@ -1,0 +1,68 @@
+"""`oasr tune serving-regions`: (re)derive ``regions_eager`` (tune/serving_regions.py) of a tuning DB file from its
+own regions and evidence, for a file built before the build wrote them or with another --floor-us."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .database import db_path, publish
+from .serving_regions import HOST_FLOOR_S, with_eager_regions
+
+__all__ = ["derive_file", "register"]
+
+
+def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
+                dry_run: bool = False) -> dict[str, list[list[Any]] | None]:
+    """(Re)derive ``regions_eager`` of every entry of a tier's file from its own regions and evidence, and write the
+    changed entries back (locked, atomic, under the file's own validators: `tune.database.publish`). Returns
+    {signature: new regions_eager or None} for the entries that changed. FileNotFoundError without a file."""
+    from ..runtime.db_files import read_document
+
+    path = db_path(family, arch, tier)
+    doc = read_document(path)
+    if doc.why is not None:
+        raise FileNotFoundError(f"{path}: {doc.why}")
+    entries = doc.doc.get("entries") if isinstance(doc.doc, dict) else None
+    changed: dict[str, dict[str, Any]] = {}
+    for sig, e in (entries or {}).items():
+        if isinstance(e, dict):
+            new = with_eager_regions(e, floor_s=floor_s)
+            if new.get("regions_eager") != e.get("regions_eager"):
+                changed[sig] = new
+    if changed and not dry_run:
+        stamp = doc.doc.get("validators")
+        publish(family, changed, tier=tier, arch=arch, lane=doc.doc.get("lane"),
+                stamp=stamp if isinstance(stamp, dict) else None)
+    return {sig: e.get("regions_eager") for sig, e in changed.items()}
+
+
+def cmd_serving_regions(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..runtime.arch import normalize_arch
+
+    try:
+        arch = normalize_arch(args.arch)
+        out = derive_file(args.family, arch, args.tier, args.floor_us * 1e-6, args.dry_run)
+    except (FileNotFoundError, ValueError, TimeoutError) as e:
+        raise UsageError(str(e)) from None
+    for sig, regions in out.items():
+        print(f"{sig}: {'no eager regions (the regions serve)' if regions is None else regions}")
+    verb = "would change" if args.dry_run else "changed"
+    print(f"{len(out)} entr{'y' if len(out) == 1 else 'ies'} {verb}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serving-regions", help="derive the regions graphs run without CUDA graphs are served (regions_eager)",
+        description="For every entry of a tuning DB file: where its regions serve torch at an M whose measured "
+                    "fastest tile takes at most --floor-us, serve that tile to graphs compiled without CUDA graphs "
+                    "(launch-bound: the tile's host cost per call is the smaller). Written into the file as each "
+                    "entry's regions_eager; `oasr tune build` does this itself.")
+    p.add_argument("--family", default="gemm", help="kernel family")
+    p.add_argument("--arch", required=True, help="arch family of the file, e.g. sm90")
+    p.add_argument("--tier", default="system", help="system, user, or a tier directory")
+    p.add_argument("--floor-us", type=float, default=HOST_FLOOR_S * 1e6,
+                   help="launch-bound threshold: the largest measured GPU time (us) a tile may take")
+    p.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    p.set_defaults(func=cmd_serving_regions)
