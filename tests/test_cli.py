@@ -340,3 +340,18 @@ def test_graph_pass_accepts_the_config_object():
     assert ((got - want).abs().max() / want.abs().max()).item() < 3e-2  # int8 accuracy vs the bf16 reference
     with pytest.raises(ValueError, match="quantization"):
         quantize_graph(torch.fx.symbolic_trace(f), [x, w, b], "int4")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
+    """`oasr tune diff A B | head`: the pipe closes under the command; one exit code, no traceback."""
+    from oasr_ops.tune import status
+
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(status, "cmd_diff", closed_pipe)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test: main points it at os.devnull
+    assert cli.main(["tune", "diff", "a.json", "b.json"]) == 141
+    assert sys.stdout.name == os.devnull
+    monkeypatch.undo()
+    assert "Traceback" not in capsys.readouterr().err

@@ -250,8 +250,8 @@ def _model_tier(family: str, op: str, arch: str) -> PluginFn:
 
 
 def _context(family: str, op: str, dtype: Any, n: int, k: int, arch: str, eager: bool = False) -> _Ctx:
-    dt = _db.normalize_dtype(dtype)  # the epoch: a context built from an older snapshot never leaks
-    key = (_db.epoch(), family, op, dt, n, k, arch, eager)
+    dt = _db.normalize_dtype(dtype)
+    key = (_db.epoch(), family, op, dt, n, k, arch, eager)  # the epoch: an older snapshot's context never leaks
     ctx = _CTX.get(key)
     if ctx is None:
         sigs = _db.lookup_signatures(family, op, dt, n, k)

@@ -35,9 +35,9 @@ from ..runtime.database import LOCK_TIMEOUT_S, SCHEMA_VERSION, TuningDBWarning, 
 from ..runtime.db_files import (_LANE_RE, MAX_ENTRIES, MAX_FILE_BYTES, header_problem, in_fresh_thread, lane_obj,
                                 read_document)
 from ..runtime.db_entries import Problems, parse_entry
-from .serving_regions import with_eager_regions
 from ..runtime.database import _read_json  # noqa: F401  (old private name; `oasr tune diff` reads through it)
 from ..runtime.database import epoch, on_reload, reload  # noqa: F401  (public: oasr_ops.tune.database.reload)
+from .serving_regions import with_eager_regions
 
 
 # ------------------------------------------------------------------------------------------------- writer

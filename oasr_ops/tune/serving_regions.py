@@ -51,15 +51,16 @@ def _point_times(evidence: Mapping[str, Any]) -> list[tuple[int, dict[str, float
     malformed points and fields are skipped (the rule then has less to go on, never more)."""
     out = []
     for key, row in evidence.items():
-        if not (isinstance(key, str) and key.startswith("M=") and key[2:].isdigit() and isinstance(row, Mapping)):
+        digits = key[2:] if isinstance(key, str) and key.startswith("M=") else ""
+        if not (digits.isascii() and digits.isdigit() and isinstance(row, Mapping)):
             continue
         times = {}
         for arm, v in row.items():
             if isinstance(arm, str) and not arm.startswith("_") and isinstance(v, Sequence) and v:
                 t = v[0]
-                if isinstance(t, (int, float)) and t > 0 and t == t and t != float("inf"):
+                if type(t) in (int, float) and 0 < t < float("inf"):
                     times[arm] = float(t)
-        out.append((int(key[2:]), times))
+        out.append((int(digits), times))
     return sorted(out)
 
 
