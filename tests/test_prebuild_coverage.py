@@ -30,6 +30,25 @@ def _name(family: str, config: str, variant: str) -> str | None:
     return JitSpec.for_kernel(native_lane(ARCH, family), parse(config), variant, ARCH).name
 
 
+def test_gemm_selections_graph_and_eager_are_prebuilt(planned):
+    """The shipped gemm DB's answers, its region tables for graphs with CUDA graphs and without (``regions_eager``:
+    tiles no graph region names) included, name prebuilt kernels."""
+    from oasr_ops.runtime import select
+
+    missing, eager_ids = set(), set()
+    for (n, k) in NK:
+        for op in ("gemm", "gemm_activation"):
+            for eager in (False, True):
+                table = select.region_table("gemm", op, "fp16", n, k, ARCH, eager=eager)
+                ids = {c for _, c in table} | {select.select_config("gemm", op, "fp16", n, k, m, ARCH).config
+                                               for m in MS}
+                eager_ids |= ids if eager else set()
+                missing |= {(n, k, op, c, v) for c in ids for v in ("fp16", "bf16")
+                            if c != "auto" and (nm := _name("gemm", c, v)) and nm not in planned}
+    assert not missing, sorted(missing)[:10]
+    assert "t64x32x64_c1x1_pp" in eager_ids  # the grid reaches the eager tables' small tiles
+
+
 def test_int8_selections_are_prebuilt(planned):
     from oasr_ops.families.scaled_mm import ops
     from oasr_ops.families.scaled_mm.act_quant import select_act_quant_config
