@@ -6,8 +6,8 @@ host time, and at small M every GEMM is launch-bound: the GPU finishes a 4-8 us 
 next op. There the measured 0.5 us by which cuBLAS beats a small tile does not reach the wall clock, but the torch
 arm's host cost does: on the H200's host `oasr::gemm` served by the C++ hot path costs 11.6 us per call on a kernel
 and 18.9 us on its torch arm, plus a second launch for a fused activation (docs/perf/e2e.md, "The C++ hot path of
-oasr::gemm"). The Conformer served one utterance per batch ran every one of its 80 `oasr::gemm` calls on the torch
-arm (session 14's profile, docs/perf/e2e.md "Serving traffic without CUDA graphs").
+the int8 GEMMs and the depthwise conv"). The Conformer served one utterance per batch ran every one of its 80
+`oasr::gemm` calls on the torch arm (session 14's profile, benchmarks/logs/sm90_e2e_serving_cpp_diag_s14.json).
 
 The rule (per-call time = max(GPU time, host time), the stream being host-bound where the GPU time is below the
 host time): inside a region the graph table serves with the fallback (``torch``), each measured point p serves the
