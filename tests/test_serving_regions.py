@@ -56,14 +56,16 @@ def test_catch_all_is_read_up_to_the_largest_measured_m():
     assert out == [[8, A], [608, B], [None, "torch"]]
 
 
-def test_floor_usable_sentinels_and_malformed_evidence():
+def test_floor_sentinels_and_malformed_evidence():
     evidence = ev(m64={"torch": 4.0, A: 5.0, "heuristic": 1.0, "default": 1.0, "fused": 1.0})
     evidence["M=128"] = "junk"
     evidence["X=5"] = {A: [1e-6, 0, 1]}
     evidence["M=96"] = {A: ["nan"], B: [float("nan"), 0, 1], C: [-1.0, 0, 1]}
     assert eager_regions([[256, "torch"]], evidence) == [[64, A], [256, "torch"]]
     assert eager_regions([[256, "torch"]], evidence, floor_s=4.5 * US) == [[256, "torch"]]
-    assert eager_regions([[256, "torch"]], evidence, usable=lambda c: c != A) == [[256, "torch"]]
+    evidence["M=200"] = {"torch": [4e-6, 0, 1], True: [1e-6, 0, 1], B: [True, 0, 1], "M": [1e-6, 0, 1]}
+    evidence["M=٥"] = {A: [1e-6, 0, 1]}  # not an ASCII M: skipped
+    assert eager_regions([[256, "torch"]], evidence) == [[64, A], [256, "torch"]]
     assert HOST_FLOOR_S == pytest.approx(8 * US)
 
 

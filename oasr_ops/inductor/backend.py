@@ -44,7 +44,7 @@ Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a gr
 tuning DB's ``regions_eager`` where an entry has them (tune/serving_regions.py: where the graph table serves cuBLAS
 through `oasr::gemm` at a launch-bound M, a measured tile costs less host time per call), and switches the ops
 the C++ hot path serves (`oasr::gemm`, the int8 GEMMs, `oasr::conv1d_depthwise`) to it (option ``cpp_hot_path``,
-default True) and warns once per process: the other oasr ops still pay their Python host time, and at 1-4
+default True) and warns once per process: the other oasr ops still pay their Python host time, and at a few
 utterances per batch the served model can still be slower than Inductor's (`_serve_without_cuda_graphs`).
 
 Everything else (fusion of the surrounding pointwise ops, CUDA graphs, caching) is Inductor's:

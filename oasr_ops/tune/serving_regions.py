@@ -75,17 +75,16 @@ def _is_config(arm: str) -> bool:
 
 
 def eager_regions(regions: Sequence[Sequence[Any]], evidence: Mapping[str, Any], fallback: str = "torch",
-                  floor_s: float = HOST_FLOOR_S, usable: Any = None) -> list[list[Any]]:
+                  floor_s: float = HOST_FLOOR_S) -> list[list[Any]]:
     """`regions` with the launch-bound stretches of each ``fallback`` region handed to the fastest measured config
-    (module doc). ``usable``: a predicate on config ids (e.g. the file's lane accepts it); None: any id.
-    Returns a new list; adjacent rows with the same config merge."""
+    (module doc); a new list, adjacent rows with the same config merged. The measured arms are the build's, so of
+    the file's lane; the reader checks every id again."""
     points = _point_times(evidence)
     out: list[list[Any]] = []
 
     def launch_bound(times: Mapping[str, float]) -> str:
         """The fastest measured config at a point if it is launch-bound there, else the fallback."""
-        best = min(((t, arm) for arm, t in times.items()
-                    if arm != fallback and _is_config(arm) and (usable is None or usable(arm))), default=None)
+        best = min(((t, arm) for arm, t in times.items() if arm != fallback and _is_config(arm)), default=None)
         return best[1] if best is not None and best[0] <= floor_s else fallback
 
     def add(hi: Any, cfg: str) -> None:
@@ -114,15 +113,15 @@ def eager_regions(regions: Sequence[Sequence[Any]], evidence: Mapping[str, Any],
     return out
 
 
-def with_eager_regions(entry: Mapping[str, Any], fallback: str = "torch", floor_s: float = HOST_FLOOR_S,
-                       usable: Any = None) -> dict[str, Any]:
+def with_eager_regions(entry: Mapping[str, Any], fallback: str = "torch", floor_s: float = HOST_FLOOR_S
+                       ) -> dict[str, Any]:
     """The entry with ``regions_eager`` set where it differs from ``regions`` (and removed where it does not)."""
     out = dict(entry)
     out.pop("regions_eager", None)
     regions = entry.get("regions")
     evidence = entry.get("evidence")
     if isinstance(regions, list) and isinstance(evidence, Mapping):
-        eager = eager_regions(regions, evidence, fallback, floor_s, usable)
+        eager = eager_regions(regions, evidence, fallback, floor_s)
         if eager != [list(r) for r in regions]:
             out["regions_eager"] = eager
     return out
