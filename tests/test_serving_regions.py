@@ -193,3 +193,25 @@ def test_backend_bakes_eager_regions_only_without_cuda_graphs(monkeypatch):
     assert OasrRewritePass(eager=True).uuid() != OasrRewritePass(eager=False).uuid()
     with pytest.raises(ValueError, match="eager_regions"):
         backend.oasr_backend(None, [], options={"eager_regions": "yes"})
+
+
+def test_the_graph_pass_bakes_eager_tables_only_when_told(env):
+    """The rewrite of a traced Linear with a symbolic M: the graph table, or with ``eager`` the eager one."""
+    import torch
+    from torch import nn
+
+    from oasr_ops.tune.census import trace_sites
+
+    write_db(env.system, {SIG: {"regions": [[1024, "torch"], [None, C]],
+                                "regions_eager": [[256, A], [1024, "torch"], [None, C]]}})
+    db.reload()
+    lin = nn.Linear(512, 512).half()
+    params = dict(lin.named_parameters())
+    fn = lambda *a: torch.func.functional_call(lin, dict(zip(params, a[:-1])), a[-1:])  # noqa: E731
+    x = torch.randn(4, 64, 512, dtype=torch.float16)
+    baked = {}
+    for eager in (False, True):
+        res, _, _ = trace_sites(fn, [*params.values(), x], {2: [0, 1]}, bake=True, arch="sm90", eager=eager)
+        assert len(res.sites) == 1, res.skipped
+        baked[eager] = res.sites[0].config
+    assert baked == {False: f"regions:1024=torch;*={C}", True: f"regions:256={A};1024=torch;*={C}"}
