@@ -33,7 +33,7 @@ from ..autograd import register_inference_op
 from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
-from . import ops
+from . import checks, ops
 
 ACTIVATIONS = ("gelu", "silu")
 _lib = torch.library.Library("oasr", "FRAGMENT")
@@ -85,7 +85,7 @@ def reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activ
 
 
 def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
-    ops._check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    checks._check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
     if activation not in ACTIVATIONS:
         raise ValueError(f"oasr.scaled_mm_act_quant: activation must be one of {ACTIVATIONS}, got {activation!r}")
     check_config_arg(config, "scaled_mm_quant")
@@ -93,7 +93,7 @@ def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
 
 def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
-    ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+    checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                       ("bias", bias), ("out_scale", out_scale))
     ops.check_out_scale(out_scale)
     return reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
@@ -156,13 +156,13 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     # the plan first; on a hit only what its key (config, activation, shape, DB epoch) does not fix is checked
     key = ops.plan_key("scaled_mm_act_quant", a, w, bias, config, activation)
     plan = None if key is None else _PLANS.plans.get(key)
-    if plan is None or not (ops.fast_ok(a, w, scale_a, scale_w, bias, torch.float32, key[3], key[4])
-                            and ops._vec_ok(out_scale, key[3], a.device)):
+    if plan is None or not (checks.fast_ok(a, w, scale_a, scale_w, bias, torch.float32, key[3], key[4])
+                            and checks._vec_ok(out_scale, key[3], a.device)):
         _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
-        ops._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+        checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                           ("bias", bias), ("out_scale", out_scale))
         n, k = w.shape
-        m = ops._rows(a, k)
+        m = checks._rows(a, k)
         if m == 0:
             ops.check_out_scale(out_scale)
             return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..candidate import Candidate, Gate, Operands
+from . import checks
 from . import ops as _ops
 
 HEURISTIC = "heuristic"
@@ -67,6 +68,6 @@ def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: O
 def census_from(parts: Any, weight_bytes: int) -> tuple[str, int] | None:
     """The scaled_mm signature a quantized deployment runs for another family's census signature (and its
     weight bytes: int8 weights are half the fp16 ones), or None."""
-    if parts.family != "gemm" or parts.k % _ops.K_ALIGN or parts.n % _ops.N_ALIGN["scaled_mm"]:
+    if parts.family != "gemm" or parts.k % checks.K_ALIGN or parts.n % checks.N_ALIGN["scaled_mm"]:
         return None
     return _ops.signature("scaled_mm", parts.n, parts.k), weight_bytes // 2

@@ -73,8 +73,7 @@ from ...runtime.select import Selection
 from .heuristic import (_INT8_LADDER, _INT8_WAVE_MODEL, _WAVE_MODEL_RANGE, _fallback_plugin, _lane_for,  # noqa: F401
                         _tile_mn, heuristic_config, heuristic_ids, ladder_config, sm_count, wave_features,
                         wave_model_config, wave_model_time)
-from .checks import (K_ALIGN, N_ALIGN, OUT_DTYPES, _check, _check_layout, _check_vec, _rows, _vec_ok,  # noqa: F401
-                     fast_ok)
+from .checks import K_ALIGN, N_ALIGN, OUT_DTYPES, _check, _check_layout, _rows, _vec_ok, fast_ok
 from .kernels import get_kernel, load_kernel, production_configs  # noqa: F401
 from .out_scale import check_out_scale
 

@@ -35,7 +35,7 @@ from ..autograd import register_inference_op
 from ...configs import SENTINELS, parse
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, WarnOnce, check_config_arg, make_plan
-from . import ops
+from . import checks, ops
 
 OP = "scaled_mm_residual"
 _lib = torch.library.Library("oasr", "FRAGMENT")
@@ -60,7 +60,7 @@ def reference_scaled_mm_residual(a, w, scale_a, scale_w, bias, residual, alpha: 
 
 
 def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> None:
-    ops._check(OP, a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    checks._check(OP, a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
     if not isinstance(residual, torch.Tensor):
         raise ValueError(f"oasr.{OP}: residual must be a tensor")
     out_shape = (*a.shape[:-1], w.shape[0])
@@ -77,7 +77,7 @@ def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> 
 
 
 def _check_layout(a, w, scale_a, scale_w, bias, residual) -> None:
-    ops._check_layout(OP, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
+    checks._check_layout(OP, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
                       ("residual", residual))
 
 
@@ -130,7 +130,7 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
         if cfg.kernel_schedule == "streamk":  # e.g. from a region table baked from scaled_mm's entries
             cfg = parse(ops.heuristic_config(m, n, k, arch))
         return ops._kernel_run(OP, cfg, out_dtype, m, n, k, arch, sig,
-                               variant=f"{ops.OUT_DTYPES[out_dtype]}_res", fallback=torch_run("torch"),
+                               variant=f"{checks.OUT_DTYPES[out_dtype]}_res", fallback=torch_run("torch"),
                                extra_args=_residual_args)
     return make_plan(ops.FAMILY, config, m, n, k, arch, sig,
                      select=lambda: select_residual_config(n, k, m, arch),
@@ -144,8 +144,8 @@ def _alpha_ok(alpha) -> bool:
 
 
 def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n: int) -> bool:
-    """With a plan made for the call key, what the key does not fix (`ops.fast_ok`, plus the residual and alpha)."""
-    return (ops.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
+    """With a plan made for the call key, what the key does not fix (`checks.fast_ok`, plus the residual and alpha)."""
+    return (checks.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
             and residual.device == a.device and residual.is_contiguous() and residual.dim() == a.dim()
             and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1] and _alpha_ok(alpha))
 
@@ -157,7 +157,7 @@ def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
         _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
         _check_layout(a, w, scale_a, scale_w, bias, residual)
         n, k = w.shape
-        m = ops._rows(a, k)
+        m = checks._rows(a, k)
         if m == 0:
             return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
         if plan is None:

@@ -42,7 +42,7 @@ from ...runtime.registry import lane_of, native_lane
 from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
 from .kernels import get_kernel, production_configs  # noqa: F401
-from ..scaled_mm.ops import _check_layout as check_layout
+from ..scaled_mm.checks import _check_layout as check_layout
 from ..scaled_mm.out_scale import check_out_scale
 from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, epilogue_fp32,
                         quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
