@@ -16,7 +16,11 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   <base>-graph-regions  (fp16-oasr-graph-regions, int8-graph-regions) the base variant compiled with
               options={"eager_regions": False}: the tuning DB's graph regions also without CUDA graphs (by default
               the backend bakes the entries' regions_eager there: tune/serving_regions.py) — the A/B of that rule
-  <base>-cpp  (fp16-oasr-cpp, int8-cpp) the base variant's compiled function with the C++ hot path (gemm, the int8
+  fp16-oasr-floor<F>  fp16-oasr compiled while a user tier holds the shipped gemm file with its regions_eager
+              re-derived at a launch-bound floor of F us (`oasr tune serving-regions --floor-us F`; the shipped
+              floor is 8 us): the A/B of that floor within one process (the other variants compile under the
+              tiers the environment names)
+  <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the C++ hot path (gemm, the int8
               GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on
               around each of its passes.
               The base variants compile with options={"cpp_hot_path": False}: without CUDA graphs the backend
@@ -43,12 +47,15 @@ import argparse
 import collections
 import contextlib
 import copy
+import functools
 import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -87,9 +94,49 @@ def rel_err_valid(out: torch.Tensor, out_lens: torch.Tensor, ref: torch.Tensor) 
     return float(d.max() / ref.float().abs()[valid].max())
 
 
-def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, res: dict) -> dict:
+@contextlib.contextmanager
+def user_tier(path):
+    """Compile under a user tier at `path` (None: the environment's tiers): the DB is re-read on entry and on exit
+    (a new epoch; compiled graphs are kept, the graphs baked their tables)."""
+    import os
+
+    from oasr_ops.runtime.reload import reload_tuning
+
+    if path is None:
+        yield
+        return
+    saved = os.environ.get("OASR_TUNE_USER_DB")
+    os.environ["OASR_TUNE_USER_DB"] = str(path)
+    reload_tuning(reset_compiled=False)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OASR_TUNE_USER_DB", None)
+        else:
+            os.environ["OASR_TUNE_USER_DB"] = saved
+        reload_tuning(reset_compiled=False)
+
+
+def floor_tier(floor_us: float, root) -> Path:
+    """A user tier holding the shipped sm90 gemm file with its regions_eager re-derived at `floor_us`."""
+    import shutil
+
+    from oasr_ops import paths
+    from oasr_ops.tune.serving_regions_cli import derive_file
+
+    d = Path(root) / f"floor{floor_us:g}"
+    (d / "sm90").mkdir(parents=True, exist_ok=True)
+    shutil.copy(paths.system_db_dir() / "sm90" / "gemm.json", d / "sm90" / "gemm.json")
+    changed = derive_file("gemm", "sm90", str(d), floor_us * 1e-6)
+    print(f"floor {floor_us:g} us: {len(changed)} gemm entries re-derived in {d}", flush=True)
+    return d
+
+
+def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, res: dict,
+              tiers: dict | None = None) -> dict:
     """Compile each variant once (dynamic=True) and warm it on the whole traffic (errors vs fp32); fills `res`,
-    returns {name: compiled fn}."""
+    returns {name: compiled fn}. `tiers`: {name: user tier directory} for variants compiled under their own."""
     from torch._dynamo.utils import counters
 
     fns = {}
@@ -104,23 +151,27 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, r
             before = graphs()
             kw = {"mode": mode} if backend == "inductor" else {"options": {**opts, "mode": mode}}
             fn = torch.compile(m, backend=backend, dynamic=True, **kw)
-            t0 = time.perf_counter()
-            fn(*inputs[0])
-            if cuda:
-                torch.cuda.synchronize()
-            res["first_call_s"][name] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            # reduce-overhead: CUDA-graph trees warm a new shape up on its first call and record it on the second,
-            # so the warm-up serves the traffic twice (the timed rounds then only replay); errors from the last pass
-            for _ in range(2 if mode == "reduce-overhead" else 1):
-                errs = []
-                for (x, n), ref in zip(inputs, refs):
-                    out, out_lens = fn(x, n)
-                    errs.append(rel_err_valid(out, out_lens, ref))
-            if cuda:
-                torch.cuda.synchronize()
-            res["warm_pass_s"][name] = time.perf_counter() - t0
+            with user_tier((tiers or {}).get(name)):
+                t0 = time.perf_counter()
+                fn(*inputs[0])
+                if cuda:
+                    torch.cuda.synchronize()
+                res["first_call_s"][name] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                # reduce-overhead: CUDA-graph trees warm a new shape up on its first call and record it on the
+                # second, so the warm-up serves the traffic twice (the timed rounds then only replay); errors from
+                # the last pass
+                for _ in range(2 if mode == "reduce-overhead" else 1):
+                    errs = []
+                    for (x, n), ref in zip(inputs, refs):
+                        out, out_lens = fn(x, n)
+                        errs.append(rel_err_valid(out, out_lens, ref))
+                if cuda:
+                    torch.cuda.synchronize()
+                res["warm_pass_s"][name] = time.perf_counter() - t0
             res["graphs"][name] = graphs() - before
+            if name in (tiers or {}) and res["graphs"][name] == 0:
+                raise SystemExit(f"{name} compiled no graph of its own: it would time another variant's code")
             res["worst_rel_err"][name] = max(errs)
             res.setdefault("rel_err", {})[name] = errs
             print(f"{name}: first call {res['first_call_s'][name]:.1f} s, warm pass {res['warm_pass_s'][name]:.1f} s, "
@@ -344,9 +395,10 @@ def main() -> int:
     names = a.variants.split(",")
     if "fp16" in names:
         variants["fp16"] = (copy.deepcopy(model), "inductor", None)
-    if "fp16-oasr" in names:
+    wanted = set(names) | {n[:-len("-cpp")] for n in names if n.endswith("-cpp")}  # a -cpp variant's base compiles
+    if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
-    if "int8" in names:
+    if "int8" in wanted:
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
         calib = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
@@ -354,8 +406,16 @@ def main() -> int:
         oasr_ops.calibrate(q, calib)
         variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
                                               "cpp_hot_path": False})
+    tiers: dict = {}
+    for name in sorted(wanted):
+        if name.startswith("fp16-oasr-floor") and not name.endswith("-cpp"):
+            root = tempfile.mkdtemp(prefix="oasr-floor-")
+            tiers[name] = floor_tier(float(name[len("fp16-oasr-floor"):]), root)
+            # a backend object of its own: torch.compile wrappers with equal backends and options compare equal,
+            # and Dynamo would serve this model fp16-oasr's compiled code (baked under the other tier)
+            variants[name] = (copy.deepcopy(model), functools.partial(oasr_backend), {"cpp_hot_path": False})
     for base in ("fp16-oasr", "int8"):
-        if f"{base}-graph-regions" in names:
+        if f"{base}-graph-regions" in wanted:
             if base not in variants:
                 raise SystemExit(f"--variants: {base}-graph-regions needs {base} too")
             m, backend, opts = variants[base]
@@ -370,9 +430,18 @@ def main() -> int:
     # on every call would be recorded in the timed path (--always-warnings-round measures what that costs).
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        fns = serve_all(variants, inputs, refs, a.mode, cuda, res)
+        fns = serve_all(variants, inputs, refs, a.mode, cuda, res, tiers)
         if cuda:
             add_hot_path_variants(fns, names, inputs, refs, res)
+        for name in [n for n in fns if n not in names]:  # a base compiled only for its -cpp variant: not timed
+            del fns[name]
+        if cuda and tiers:  # each tier switch started a new DB epoch: plans are re-made once, here, not timed
+            with torch.no_grad():
+                for fn in fns.values():
+                    with serving(fn):
+                        for x, n in inputs:
+                            fn(x, n)
+            torch.cuda.synchronize()
     if cuda:
         timed_rounds(fns, inputs, a.rounds, res)
     if cuda and a.always_warnings_round:

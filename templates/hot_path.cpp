@@ -232,7 +232,17 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
     return at::_addmm_activation(*bias, a.reshape({m, k}), w.t(), 1, 1, false).view(out_sizes);
   }
   if (found->arm == kTorch) {
-    at::Tensor y = has_bias ? at::linear(a, w, *bias) : at::linear(a, w);
+    at::Tensor y;
+    if (a.dim() == 2 || a.dim() == 3) {
+      // What at::linear runs for a contiguous 2-D or 3-D operand (addmm / mm on the rows: the same cuBLAS call, so
+      // the same bits as the Python op's F.linear) without its composite hop; other ranks take at::linear itself
+      // (for those it adds the bias separately).
+      const at::Tensor a2 = a.dim() == 2 ? a : a.view({m, k});
+      y = has_bias ? at::addmm(*bias, a2, w.t()) : at::mm(a2, w.t());
+      if (a.dim() == 3) y = y.view({a.size(0), a.size(1), n});
+    } else {
+      y = has_bias ? at::linear(a, w, *bias) : at::linear(a, w);
+    }
     switch (act) {
       case 1: return at::relu_(y);
       case 2: return at::gelu_(y);
@@ -483,8 +493,10 @@ struct Served<kOp, Hit, std::optional<at::Tensor>(Args...)> {
 
   static at::Tensor autograd(c10::DispatchKeySet keys, Args... args) {
     if (c10::GradMode::is_enabled() && (needs_grad(args) || ...)) return NoBackward::apply(args...);
-    if ((keys & c10::after_ADInplaceOrView_keyset) == c10::DispatchKeySet(backend_key)) return backend(args...);
+    // Below here nothing is recorded for autograd, so the aten calls a hit path makes (the torch arm's addmm, an
+    // empty) skip their Autograd and ADInplaceOrView kernels too: a TLS flag instead of two dispatch hops each.
     at::AutoDispatchBelowADInplaceOrView guard;
+    if ((keys & c10::after_ADInplaceOrView_keyset) == c10::DispatchKeySet(backend_key)) return backend(args...);
     return op().redispatch(keys & c10::after_autograd_keyset, args...);
   }
 

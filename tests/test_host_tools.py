@@ -40,9 +40,9 @@ def test_host_overhead_with_the_hot_path(tmp_path):
 def test_e2e_serving_cpu_smoke(tmp_path):
     out = tmp_path / "serving.json"
     r = _run("benchmarks/e2e_serving.py", "--device", "cpu", "--model-args", "size=S,num_layers=2",
-             "--variants", "fp16,fp16-oasr", "--requests", "2", "--batches", "1,2", "--max-s", "2.5",
+             "--variants", "fp16,fp16-oasr,fp16-oasr-floor19", "--requests", "2", "--batches", "1,2", "--max-s", "2.5",
              "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert set(res["graphs"]) == {"fp16", "fp16-oasr"}
+    assert set(res["graphs"]) == {"fp16", "fp16-oasr", "fp16-oasr-floor19"}
     assert all(e < 1e-2 for e in res["worst_rel_err"].values())

@@ -101,6 +101,18 @@ with torch.no_grad():
                 assert (first.float() - ref.float()).abs().max().item() < 2e-2, (cfg, act)
     assert calls() == 2 + 2 * 16
 
+    # other ranks on those plans (the key holds M, not the rank): a 2-D operand takes addmm / mm directly, the same
+    # bits as the 3-D one; a 4-D operand takes at::linear (which adds a bias separately, as F.linear does there)
+    hp.collect_calls()
+    for act in ("none", "silu"):
+        for bias in (None, b):
+            y3 = gemm(a, w, bias, act, "torch")
+            assert torch.equal(gemm(a.view(18, 64), w, bias, act, "torch"), y3.view(18, 96)), (act, bias is None)
+            y4 = gemm(a.view(2, 3, 3, 64), w, bias, act, "torch")
+            assert y4.shape == (2, 3, 3, 96)
+            assert (y4.float() - y3.view(2, 3, 3, 96).float()).abs().max().item() < 2e-2, (act, bias is None)
+    assert sum(torch.ops.oasr_hot.drain_calls()[1::2]) == 12  # every one answered in C++
+
 with torch.inference_mode():  # no autograd keys: the backend kernel (C++) directly, hits counted there too
     hp.collect_calls()
     yi = gemm(a, w, b, "silu", kernel)
