@@ -19,6 +19,7 @@ LANE = "sm90_f16_wgmma"
 A, B, C = "t64x32x64_c1x1_pp", "t64x64x64_c1x1_pp", "t128x128x64_c1x1_pp"
 SIG = "gemm|op=gemm|dt=half|N=512|K=512"
 US = 1e-6
+FLOOR = 8 * US  # the rule's tests use an 8 us floor (their numbers straddle it); the shipped one is HOST_FLOOR_S
 
 
 def ev(**points):
@@ -32,21 +33,23 @@ def test_launch_bound_points_of_a_torch_region_get_their_fastest_tile():
     evidence = ev(m8={"torch": 3.6, A: 4.2, B: 4.4}, m256={"torch": 3.9, B: 4.3, A: 4.5},
                   m2048={"torch": 5.0, C: 5.4}, m3000={"torch": 7.0, C: 8.5},   # 8.5 us: not launch-bound
                   m6000={"torch": 14.0, C: 12.0}, m12000={"torch": 30.0, C: 25.0})
-    out = eager_regions(regions, evidence)
+    out = eager_regions(regions, evidence, floor_s=FLOOR)
     # (0, 8] -> A (measured at 8); (8, 256] -> B; (256, 2048] -> C; (2048, 3000] torch (8.5 us > floor);
     # (3000, 4096]: past the region's last point, rounded up to the next measured point (6000, 12 us): torch;
     # the config region stays; the catch-all: 12000's 25 us tile is not launch-bound -> torch
     assert out == [[8, A], [256, B], [2048, C], [4096, "torch"], [8192, C], [None, "torch"]]
+    # the shipped floor (19 us, the H200 host's torch-arm time): 8.5 and 12 us are launch-bound too, 25 us is not
+    assert eager_regions(regions, evidence) == [[8, A], [256, B], [8192, C], [None, "torch"]]
 
 
 def test_a_region_tail_rounds_up_to_the_first_point_of_the_next_region():
     # the Conformer's fc1 at one utterance (M=121): measured points 8..88 in the torch region, 160 in the next one
     regions = [[128, "torch"], [256, B], [None, "torch"]]
     evidence = ev(m8={"torch": 5.8, A: 4.9}, m88={"torch": 6.0, A: 4.8}, m160={"torch": 6.2, B: 5.2, A: 5.8})
-    assert eager_regions(regions, evidence) == [[88, A], [256, B], [None, "torch"]]
+    assert eager_regions(regions, evidence, floor_s=FLOOR) == [[88, A], [256, B], [None, "torch"]]
     # without a launch-bound tile at 160 the tail stays torch
     slow = ev(m8={"torch": 5.8, A: 4.9}, m88={"torch": 6.0, A: 4.8}, m160={"torch": 6.2, B: 9.0})
-    assert eager_regions(regions, slow) == [[88, A], [128, "torch"], [256, B], [None, "torch"]]
+    assert eager_regions(regions, slow, floor_s=FLOOR) == [[88, A], [128, "torch"], [256, B], [None, "torch"]]
 
 
 def test_catch_all_is_read_up_to_the_largest_measured_m():
@@ -66,12 +69,12 @@ def test_floor_sentinels_and_malformed_evidence():
     evidence["M=200"] = {"torch": [4e-6, 0, 1], True: [1e-6, 0, 1], B: [True, 0, 1], "M": [1e-6, 0, 1]}
     evidence["M=٥"] = {A: [1e-6, 0, 1]}  # not an ASCII M: skipped
     assert eager_regions([[256, "torch"]], evidence) == [[64, A], [256, "torch"]]
-    assert HOST_FLOOR_S == pytest.approx(8 * US)
+    assert HOST_FLOOR_S == pytest.approx(19 * US)
 
 
 def test_with_eager_regions_only_where_it_differs():
     same = {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 9.0, A: 9.5}), "regions_eager": [[1, A]]}
-    assert "regions_eager" not in with_eager_regions(same)  # a stale field is dropped
+    assert "regions_eager" not in with_eager_regions(same, floor_s=FLOOR)  # a stale field is dropped
     diff = {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0})}
     assert with_eager_regions(diff)["regions_eager"] == [[64, A], [None, "torch"]]
     assert with_eager_regions({"regions": [[None, "torch"]]}) == {"regions": [[None, "torch"]]}
