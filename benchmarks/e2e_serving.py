@@ -16,13 +16,14 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   <base>-graph-regions  (fp16-oasr-graph-regions, int8-graph-regions) the base variant compiled with
               options={"eager_regions": False}: the tuning DB's graph regions also without CUDA graphs (by default
               the backend bakes the entries' regions_eager there: tune/serving_regions.py) — the A/B of that rule
-  fp16-oasr-floor<F>  fp16-oasr compiled while a user tier holds the shipped gemm file with its regions_eager
-              re-derived at a launch-bound floor of F us (`oasr tune serving-regions --floor-us F`; the shipped
-              floor is 8 us): the A/B of that floor within one process (the other variants compile under the
-              tiers the environment names)
-  <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the C++ hot path (gemm, the int8
-              GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on
-              around each of its passes.
+  fp16-oasr-floor<F>  fp16-oasr compiled while a user tier holds the shipped gemm entries with their
+              regions_eager re-derived at a launch-bound floor of F us (`oasr tune serving-regions --seed-from system
+              --floor-us F`; the shipped floor is 19 us, 8 before session 17): the A/B of that floor within one
+              process (the other variants compile under the tiers the environment names)
+  <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the
+              C++ hot path (gemm, the int8 GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`,
+              docs/architecture.md), switched on around each of its passes; a base named only through its -cpp
+              variant is compiled but not timed.
               The base variants compile with options={"cpp_hot_path": False}: without CUDA graphs the backend
               would otherwise switch the hot path on for the whole process, and the A/B would compare it with itself
               (`-cpp` is what backend="oasr" serves by default without CUDA graphs)
@@ -119,16 +120,12 @@ def user_tier(path):
 
 
 def floor_tier(floor_us: float, root) -> Path:
-    """A user tier holding the shipped sm90 gemm file with its regions_eager re-derived at `floor_us`."""
-    import shutil
-
-    from oasr_ops import paths
+    """A user tier holding the shipped sm90 gemm entries with their regions_eager re-derived at `floor_us` (what
+    `oasr tune serving-regions --tier DIR --seed-from system --floor-us F` writes)."""
     from oasr_ops.tune.serving_regions_cli import derive_file
 
     d = Path(root) / f"floor{floor_us:g}"
-    (d / "sm90").mkdir(parents=True, exist_ok=True)
-    shutil.copy(paths.system_db_dir() / "sm90" / "gemm.json", d / "sm90" / "gemm.json")
-    changed = derive_file("gemm", "sm90", str(d), floor_us * 1e-6)
+    changed = derive_file("gemm", "sm90", str(d), floor_us * 1e-6, seed_from="system")
     print(f"floor {floor_us:g} us: {len(changed)} gemm entries re-derived in {d}", flush=True)
     return d
 

@@ -168,6 +168,40 @@ def test_cli_derives_writes_and_is_idempotent(env, capsys):
     assert "unknown kernel family" in capsys.readouterr().err
 
 
+def test_cli_seeds_a_user_tier_from_the_system_one_at_another_floor(env, capsys):
+    other = "gemm|op=gemm|dt=half|N=768|K=512"
+    sys_entries = {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0}, m608={"torch": 6.0,
+                                                                                                        B: 9.0})},
+                   other: {"regions": [[None, C]], "evidence": ev(m64={"torch": 4.0, C: 3.0})}}
+    sp = write_db(env.system, sys_entries)
+    system_before = sp.read_text()
+    up = env.user / "sm90" / "gemm.json"
+    assert not up.exists()
+    argv = ["tune", "serving-regions", "--arch", "sm90", "--tier", "user", "--seed-from", "system", "--floor-us"]
+    assert cli_main(argv + ["6"]) == 0
+    user = json.loads(up.read_text())["entries"]
+    assert sp.read_text() == system_before  # the seed is only read
+    assert user[SIG]["regions_eager"] == [[64, A], [None, "torch"]]  # 9 us at M=608 is past a 6 us floor
+    assert user[SIG]["evidence"] == sys_entries[SIG]["evidence"] and "regions_eager" not in user[other]
+    assert "2 entries changed" in capsys.readouterr().out
+    db.reload()
+    assert sel.region_table("gemm", "gemm", "fp16", 512, 512, eager=True) == [[64, A], [None, "torch"]]
+    # again at another floor: the user entries are re-derived from their own evidence, nothing new is copied
+    assert cli_main(argv + ["10"]) == 0
+    assert json.loads(up.read_text())["entries"][SIG]["regions_eager"] == [[64, A], [608, B], [None, "torch"]]
+    assert "1 entry changed" in capsys.readouterr().out
+    # a user entry of its own is kept (the seed fills in only what the file lacks)
+    write_db(env.user, {other: {"regions": [[None, B]]}})
+    assert cli_main(argv + ["6"]) == 0
+    user = json.loads(up.read_text())["entries"]
+    assert user[other]["regions"] == [[None, B]] and user[SIG]["regions_eager"] == [[64, A], [None, "torch"]]
+    # bad floors and a missing seed are usage errors
+    assert cli_main(argv + ["0"]) == 2 and cli_main(argv + ["nan"]) == 2
+    assert "--floor-us must be a positive" in capsys.readouterr().err
+    assert cli_main(["tune", "serving-regions", "--arch", "sm90", "--tier", "user", "--seed-from",
+                     str(env.user / "none")]) == 2
+
+
 def test_shipped_gemm_db_serves_tiles_to_eager_graphs_at_small_m():
     """The shipped file carries the field, derived from its own evidence (`oasr tune serving-regions`)."""
     from oasr_ops import paths

@@ -1,8 +1,14 @@
 """`oasr tune serving-regions`: (re)derive ``regions_eager`` (tune/serving_regions.py) of a tuning DB file from its
-own regions and evidence, for a file built before the build wrote them or with another --floor-us."""
+own regions and evidence, for a file built before the build wrote them or with another --floor-us.
+
+A serving host whose torch arm costs less (or more) host time than the one the shipped files were measured on derives
+its own into the user tier: `--tier user --seed-from system --floor-us <its time>` copies the system entries the user
+file lacks (their regions and evidence unchanged) and derives every entry's field at that floor. The copies then
+shadow the system entries (as any user entry does): run it again after upgrading the package."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from .database import db_path, publish
@@ -11,27 +17,45 @@ from .serving_regions import HOST_FLOOR_S, with_eager_regions
 __all__ = ["derive_file", "register"]
 
 
-def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
-                dry_run: bool = False) -> dict[str, list[list[Any]] | None]:
-    """(Re)derive ``regions_eager`` of every entry of a tier's file from its own regions and evidence, and write the
-    changed entries back (locked, atomic, under the file's own validators: `tune.database.publish`). Returns
-    {signature: new regions_eager or None} for the entries that changed. FileNotFoundError without a file."""
+def _read(family: str, arch: str, tier: str) -> dict[str, Any]:
     from ..runtime.db_files import read_document
 
     path = db_path(family, arch, tier)
     doc = read_document(path)
-    if doc.why is not None:
-        raise FileNotFoundError(f"{path}: {doc.why}")
-    entries = doc.doc.get("entries") if isinstance(doc.doc, dict) else None
+    if doc.why is not None or not isinstance(doc.doc, dict):
+        raise FileNotFoundError(f"{path}: {doc.why or 'not a tuning DB document'}")
+    return doc.doc
+
+
+def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
+                dry_run: bool = False, seed_from: str | None = None) -> dict[str, list[list[Any]] | None]:
+    """(Re)derive ``regions_eager`` of every entry of a tier's file from its own regions and evidence, and write the
+    changed entries back (locked, atomic, under the file's own validators: `tune.database.publish`). With
+    `seed_from` (a tier), that tier's entries the file lacks are copied in first (the file is created if absent; the
+    validators are the seed file's, whose measurements they are). Returns {signature: new regions_eager or None} for
+    the entries written. FileNotFoundError without a file (without the seed's, with `seed_from`)."""
+    seed = _read(family, arch, seed_from) if seed_from is not None else None
+    try:
+        doc = _read(family, arch, tier)
+    except FileNotFoundError:
+        if seed is None or db_path(family, arch, tier).exists():
+            raise
+        doc = {"lane": seed.get("lane"), "validators": seed.get("validators"), "entries": {}}
+    entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
+    copied = {sig: e for sig, e in ((seed or {}).get("entries") or {}).items()
+              if sig not in entries and isinstance(e, dict)}
+    if copied and seed.get("lane") != doc.get("lane"):
+        raise ValueError(f"--seed-from {seed_from}: its lane {seed.get('lane')!r} is not the file's "
+                         f"{doc.get('lane')!r}")
     changed: dict[str, dict[str, Any]] = {}
-    for sig, e in (entries or {}).items():
+    for sig, e in {**entries, **copied}.items():
         if isinstance(e, dict):
             new = with_eager_regions(e, floor_s=floor_s)
-            if new.get("regions_eager") != e.get("regions_eager"):
+            if sig in copied or new.get("regions_eager") != e.get("regions_eager"):
                 changed[sig] = new
     if changed and not dry_run:
-        stamp = doc.doc.get("validators")
-        publish(family, changed, tier=tier, arch=arch, lane=doc.doc.get("lane"),
+        stamp = doc.get("validators")
+        publish(family, changed, tier=tier, arch=arch, lane=doc.get("lane"),
                 stamp=stamp if isinstance(stamp, dict) else None)
     return {sig: e.get("regions_eager") for sig, e in changed.items()}
 
@@ -42,7 +66,9 @@ def cmd_serving_regions(args: argparse.Namespace) -> int:
 
     try:
         arch = normalize_arch(args.arch)
-        out = derive_file(args.family, arch, args.tier, args.floor_us * 1e-6, args.dry_run)
+        if not (args.floor_us > 0 and math.isfinite(args.floor_us)):
+            raise ValueError(f"--floor-us must be a positive number of microseconds, got {args.floor_us}")
+        out = derive_file(args.family, arch, args.tier, args.floor_us * 1e-6, args.dry_run, args.seed_from)
     except (FileNotFoundError, ValueError, TimeoutError) as e:
         raise UsageError(str(e)) from None
     for sig, regions in out.items():
@@ -64,5 +90,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tier", default="system", help="system, user, or a tier directory")
     p.add_argument("--floor-us", type=float, default=HOST_FLOOR_S * 1e6,
                    help="launch-bound threshold: the largest measured GPU time (us) a tile may take")
+    p.add_argument("--seed-from", default=None, metavar="TIER",
+                   help="first copy in the entries of this tier's file (e.g. system) that --tier's file lacks: a "
+                        "serving host derives its own eager regions into the user tier at its own --floor-us")
     p.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     p.set_defaults(func=cmd_serving_regions)
