@@ -456,19 +456,6 @@ def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | N
     return table
 
 
-def table_tier(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None) -> str:
-    """The tier a baked region table is reported under: the highest DB tier with an entry for the signature, else
-    the cost model where one answers the family (the tier `select_config` names for such an M), else the family's
-    fallback tier."""
-    a = normalize_arch(arch) if arch else current_arch_family()
-    if a is None:
-        return _registry.get(family).fallback_tier
-    ctx = _context(family, op, dtype, n, k, a)
-    if ctx.chain:
-        return ctx.chain[0][0]
-    return "model" if ctx.model is not None else ctx.fallback_tier
-
-
 def eager_answer(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None
                  ) -> tuple[str, str] | None:
     """(config, tier) the DB answers a graph run without CUDA graphs at a static M (the entries' ``regions_eager``
