@@ -94,7 +94,7 @@ def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
 def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
-                      ("bias", bias), ("out_scale", out_scale))
+                         ("bias", bias), ("out_scale", out_scale))
     ops.check_out_scale(out_scale)
     return reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
 
@@ -160,7 +160,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
                             and checks._vec_ok(out_scale, key[3], a.device)):
         _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
         checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
-                          ("bias", bias), ("out_scale", out_scale))
+                             ("bias", bias), ("out_scale", out_scale))
         n, k = w.shape
         m = checks._rows(a, k)
         if m == 0:

@@ -78,7 +78,7 @@ def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> 
 
 def _check_layout(a, w, scale_a, scale_w, bias, residual) -> None:
     checks._check_layout(OP, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
-                      ("residual", residual))
+                         ("residual", residual))
 
 
 def _cpu(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
