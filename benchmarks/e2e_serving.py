@@ -21,9 +21,10 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
               --floor-us F`; the shipped floor is 19 us, 8 before session 17): the A/B of that floor within one
               process (the other variants compile under the tiers the environment names)
   <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the
-              C++ hot path (gemm, the int8 GEMMs, the depthwise conv) on (`oasr_ops.enable_cpp_hot_path()`,
-              docs/architecture.md), switched on around each of its passes; a base named only through its -cpp
-              variant is compiled but not timed.
+              C++ hot path (gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) on
+              (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes; a base
+              named only through its -cpp variant is compiled but not timed.
+  <base>-cpp-nolnq  the same with every op but layer_norm_quant in C++ (its A/B: served in C++ since session 18).
               The base variants compile with options={"cpp_hot_path": False}: without CUDA graphs the backend
               would otherwise switch the hot path on for the whole process, and the A/B would compare it with itself
               (`-cpp` is what backend="oasr" serves by default without CUDA graphs)
@@ -182,8 +183,9 @@ class HotPathVariant:
     compiled function as its base variant, the hot path switched on around each pass (`serving()`), outside the
     timed requests; its installed plans stay while it is off."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, ops: tuple[str, ...] | None = None) -> None:
         self.fn = fn
+        self.ops = ops
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -192,7 +194,7 @@ class HotPathVariant:
     def serving(self):
         import oasr_ops
 
-        oasr_ops.enable_cpp_hot_path("CUDA")
+        oasr_ops.enable_cpp_hot_path("CUDA", self.ops)
         try:
             yield
         finally:
@@ -204,14 +206,25 @@ def serving(fn):
     return fn.serving() if isinstance(fn, HotPathVariant) else contextlib.nullcontext()
 
 
+def hot_path_base(name: str) -> str | None:
+    """The base variant of a hot-path variant (`<base>-cpp`, `<base>-cpp-nolnq`), else None."""
+    for suffix in ("-cpp", "-cpp-nolnq"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return None
+
+
 def add_hot_path_variants(fns: dict, names: list, inputs: list, refs: list, res: dict) -> None:
-    """`<base>-cpp` for each requested base variant compiled: its function under the hot path, warmed on the traffic
-    (each call key's first call installs its plan) with its errors vs fp32 recorded."""
+    """`<base>-cpp` (`-cpp-nolnq`) for each requested base variant compiled: its function under the hot path, warmed
+    on the traffic (each call key's first call installs its plan) with its errors vs fp32 recorded."""
+    from oasr_ops.families.hot_path import OPS
+
     for name in names:
-        base = name[:-len("-cpp")] if name.endswith("-cpp") else None
+        base = hot_path_base(name)
         if base is None or base not in fns:
             continue
-        fn = HotPathVariant(fns[base])
+        ops = tuple(op for op in OPS if op != "layer_norm_quant") if name.endswith("-nolnq") else None
+        fn = HotPathVariant(fns[base], ops)
         t0 = time.perf_counter()
         with torch.no_grad(), serving(fn):
             errs = [rel_err_valid(*fn(x, n), ref) for (x, n), ref in zip(inputs, refs)]
@@ -392,7 +405,7 @@ def main() -> int:
     names = a.variants.split(",")
     if "fp16" in names:
         variants["fp16"] = (copy.deepcopy(model), "inductor", None)
-    wanted = set(names) | {n[:-len("-cpp")] for n in names if n.endswith("-cpp")}  # a -cpp variant's base compiles
+    wanted = set(names) | {hot_path_base(n) for n in names if hot_path_base(n)}  # a -cpp variant's base compiles
     if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
     if "int8" in wanted:

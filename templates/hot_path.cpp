@@ -1,6 +1,6 @@
 // The C++ hot path of the oasr ops a served model calls most (docs/architecture.md, "Without CUDA graphs the host
 // decides"): `oasr::gemm`, the int8 GEMMs `oasr::scaled_mm`, `scaled_mm_quant`, `scaled_mm_act_quant`,
-// `scaled_mm_residual`, and `oasr::conv1d_depthwise`. Built by oasr_ops/codegen/host_ext.py with the host C++
+// `scaled_mm_residual`, `oasr::conv1d_depthwise` and `oasr::layer_norm_quant`. Built by oasr_ops/codegen/host_ext.py with the host C++
 // compiler against the installed torch, loaded and switched on by oasr_ops/families/hot_path.py. Every decision
 // stays in Python; this file only replays decisions already made.
 //
@@ -35,6 +35,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,17 +47,17 @@
 
 namespace {
 
-constexpr int64_t kAbiVersion = 2;  // bump with any change of the ops below (codegen/host_ext.py checks it)
+constexpr int64_t kAbiVersion = 3;  // bump with any change of the ops below (codegen/host_ext.py checks it)
 
 // The ops served here; the codes are families/hot_path.py `OPS`.
 enum Op : int64_t { kGemm = 0, kScaledMm, kScaledMmQuant, kScaledMmActQuant, kScaledMmResidual, kConv1dDepthwise,
-                    kNumOps };
+                    kLayerNormQuant, kNumOps };
 constexpr const char* kOpNames[kNumOps] = {"gemm", "scaled_mm", "scaled_mm_quant", "scaled_mm_act_quant",
-                                           "scaled_mm_residual", "conv1d_depthwise"};
+                                           "scaled_mm_residual", "conv1d_depthwise", "layer_norm_quant"};
 
-// The launchers' C ABI (templates/_abi.cu.j2, _scaled_mm_abi.cu.j2, conv1d_depthwise.cu.j2): `oasr_run`,
-// `oasr_smm_run` (x = out_scale, x_arg = its per-row flag), `oasr_smmr_run` (x = residual, x_arg = alpha),
-// `oasr_dwconv_run`.
+// The launchers' C ABI (templates/_abi.cu.j2, _scaled_mm_abi.cu.j2, conv1d_depthwise.cu.j2,
+// layer_norm_quant.cu.j2): `oasr_run`, `oasr_smm_run` (x = out_scale, x_arg = its per-row flag), `oasr_smmr_run`
+// (x = residual, x_arg = alpha), `oasr_dwconv_run`, `oasr_lnq_run`.
 using GemmLauncher = int (*)(const void* a, const void* w, const void* bias, void* d, int M, int N, int K,
                              int split_k, int act, void* workspace, size_t workspace_bytes, void* stream);
 using SmmLauncher = int (*)(const void* a, const void* w, const void* sa, int sa_per_row, const void* sw,
@@ -68,6 +69,8 @@ using SmmrLauncher = int (*)(const void* a, const void* w, const void* sa, int s
 using DwconvLauncher = int (*)(const void* x, const void* w, int w_fp32, const void* bias, int bias_fp32, void* out,
                                int B, int T, int C, int Kw, int act, int glu, void* workspace, size_t workspace_bytes,
                                void* stream);
+using LnqLauncher = int (*)(const void* x, const void* w, int w_f32, const void* b, int b_f32, void* q, void* scale,
+                            void* y, int M, int N, float eps, void* stream);
 
 enum Arm : int64_t { kTorch = 0, kTorchFusedRelu = 1, kKernel = 2 };
 using Ints = c10::SmallVector<int64_t, 24>;
@@ -110,13 +113,21 @@ std::vector<Plan*> slots;  // slot -> plan (owned by table), for call counts
 c10::DispatchKey backend_key = c10::DispatchKey::CUDA;
 std::vector<std::unique_ptr<torch::Library>> libraries;  // the registrations enable() made
 
-std::optional<Found> find_plan(const PlanKey& key) {
+// The plan of `key`, its call counted (`count`: a hit path that may still hand the call to Python counts it itself,
+// with `count_call`, once it has answered).
+std::optional<Found> find_plan(const PlanKey& key, bool count = true) {
   std::shared_lock<std::shared_mutex> lock(table_mutex);
   auto it = table.find(key);
   if (it == table.end()) return std::nullopt;
   Plan& plan = *it->second;
-  plan.calls.fetch_add(1, std::memory_order_relaxed);
+  if (count) plan.calls.fetch_add(1, std::memory_order_relaxed);
   return Found{plan.arm, plan.launcher, plan.params};
+}
+
+void count_call(const PlanKey& key) {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(key);
+  if (it != table.end()) it->second->calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::string config_id_of(const PlanKey& key) {
@@ -412,6 +423,61 @@ std::optional<at::Tensor> conv1d_hit(const at::Tensor& x, const at::Tensor& w, c
   return out;
 }
 
+// ---------------------------------------------------------------------------------- oasr::layer_norm_quant
+
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// A LayerNorm weight or bias as a key integer (families/layer_norm_quant/ops.py `_check`): -1 none, its dtype when
+// it is a contiguous [N] vector on x's device (a plan exists only for dtypes Python accepted), -2 anything else
+// (not taken here: Python raises).
+int64_t lnq_vector_code(const std::optional<at::Tensor>& t, int64_t n, const at::Device& device) {
+  if (!t.has_value() || !t->defined()) return -1;
+  if (t->dim() != 1 || t->size(0) != n || t->device() != device || !t->is_contiguous()) return -2;
+  return static_cast<int64_t>(t->scalar_type());
+}
+
+// Key ints: x dtype, M, N, weight code, bias code, normalized, scheme (0 int8, 1 fp8), eps's bits, x's device. No
+// params: the launcher checks its own problem (the plan's config is in the library).
+std::optional<Tensor3> layer_norm_quant_hit(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                            const std::optional<at::Tensor>& bias, double eps, bool normalized,
+                                            c10::string_view scheme, c10::string_view config) {
+  const int64_t scheme_code = scheme == "int8" ? 0 : scheme == "fp8" ? 1 : -1;
+  if (scheme_code < 0 || x.dim() < 1 || !x.is_contiguous()) return std::nullopt;
+  const int64_t n = x.size(-1);
+  if (n == 0) return std::nullopt;
+  const int64_t m = x.numel() / n;
+  if (m == 0) return std::nullopt;
+  const at::Device device = x.device();
+  const int64_t w_code = lnq_vector_code(weight, n, device), b_code = lnq_vector_code(bias, n, device);
+  if (w_code == -2 || b_code == -2) return std::nullopt;
+  int64_t eps_bits;
+  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
+  PlanKey key{kLayerNormQuant, std::string(config),
+              {static_cast<int64_t>(x.scalar_type()), m, n, w_code, b_code, normalized, scheme_code, eps_bits,
+               device_code(device)}};
+  auto found = find_plan(key, /*count=*/false);
+  if (!found || found->arm != kKernel) return std::nullopt;
+  c10::DeviceGuard guard(device);
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(scheme_code ? at::kFloat8_e4m3fn : at::kChar));
+  at::Tensor scale = at::empty({m}, x.options().dtype(at::kFloat));
+  at::Tensor y = normalized ? at::empty(x.sizes(), x.options()) : at::empty({0}, x.options());
+  const bool has_w = w_code >= 0, has_b = b_code >= 0;
+  const int rc = reinterpret_cast<LnqLauncher>(found->launcher)(
+      x.data_ptr(), has_w ? weight->data_ptr() : nullptr, has_w && w_code == static_cast<int64_t>(at::kFloat),
+      has_b ? bias->data_ptr() : nullptr, has_b && b_code == static_cast<int64_t>(at::kFloat), q.data_ptr(),
+      scale.data_ptr(), normalized ? y.data_ptr() : nullptr, static_cast<int>(m), static_cast<int>(n),
+      static_cast<float>(eps), current_stream(device));
+  // 1: a row the kernel's unaligned instantiation cannot hold, refused before any launch: Python warns once and runs
+  // the reference for such calls
+  if (rc == 1) return std::nullopt;
+  if (rc != 0) {
+    TORCH_CHECK(false, "oasr.layer_norm_quant: kernel ", config_id_of(key), " failed with status ", rc, " on M=", m,
+                " N=", n);
+  }
+  count_call(key);
+  return Tensor3(std::move(q), std::move(scale), std::move(y));
+}
+
 // Each op's hit path with the op's schema (the argument types torch passes a kernel of it).
 std::optional<at::Tensor> scaled_mm_op_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                            const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
@@ -450,13 +516,28 @@ bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && ne
 template <class T>
 bool needs_grad(const T&) { return false; }
 
-// The backend and Autograd kernels of one op, from its hit path (whose argument list is the op's schema).
+// An op's outputs as the list an autograd Function returns, and back (one tensor, or layer_norm_quant's three).
+torch::autograd::variable_list as_list(at::Tensor t) { return {std::move(t)}; }
+torch::autograd::variable_list as_list(Tensor3 t) {
+  return {std::move(std::get<0>(t)), std::move(std::get<1>(t)), std::move(std::get<2>(t))};
+}
+template <class R>
+R from_list(torch::autograd::variable_list v);
+template <>
+at::Tensor from_list<at::Tensor>(torch::autograd::variable_list v) { return std::move(v[0]); }
+template <>
+Tensor3 from_list<Tensor3>(torch::autograd::variable_list v) {
+  return Tensor3(std::move(v[0]), std::move(v[1]), std::move(v[2]));
+}
+
+// The backend and Autograd kernels of one op, from its hit path (whose argument list is the op's schema, and whose
+// result, when it has one, the op's).
 template <Op kOp, auto Hit, class Sig>
 struct Served;
 
-template <Op kOp, auto Hit, class... Args>
-struct Served<kOp, Hit, std::optional<at::Tensor>(Args...)> {
-  using Sig = at::Tensor(Args...);
+template <Op kOp, auto Hit, class R, class... Args>
+struct Served<kOp, Hit, std::optional<R>(Args...)> {
+  using Sig = R(Args...);
 
   static const c10::TypedOperatorHandle<Sig>& op() {
     static const auto handle = c10::Dispatcher::singleton()
@@ -473,15 +554,15 @@ struct Served<kOp, Hit, std::optional<at::Tensor>(Args...)> {
   }
 
   // The backend kernel: the hit path, else the Python implementation at the same key.
-  static at::Tensor backend(Args... args) {
+  static R backend(Args... args) {
     if (auto out = Hit(args...)) return *std::move(out);
     return python().redispatch(c10::DispatchKeySet(backend_key), args...);
   }
 
   struct NoBackward : public torch::autograd::Function<NoBackward> {
-    static at::Tensor forward(torch::autograd::AutogradContext*, Args... args) {
+    static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, Args... args) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return op().call(args...);
+      return as_list(op().call(args...));
     }
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                    torch::autograd::variable_list) {
@@ -491,8 +572,8 @@ struct Served<kOp, Hit, std::optional<at::Tensor>(Args...)> {
     }
   };
 
-  static at::Tensor autograd(c10::DispatchKeySet keys, Args... args) {
-    if (c10::GradMode::is_enabled() && (needs_grad(args) || ...)) return NoBackward::apply(args...);
+  static R autograd(c10::DispatchKeySet keys, Args... args) {
+    if (c10::GradMode::is_enabled() && (needs_grad(args) || ...)) return from_list<R>(NoBackward::apply(args...));
     // Below here nothing is recorded for autograd, so the aten calls a hit path makes (the torch arm's addmm, an
     // empty) skip their Autograd and ADInplaceOrView kernels too: a TLS flag instead of two dispatch hops each.
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -520,6 +601,8 @@ void register_op(int64_t op, torch::Library& backend_lib, torch::Library& autogr
     case kScaledMmResidual:
       return ServedOp<kScaledMmResidual, &scaled_mm_residual_hit>::register_in(backend_lib, autograd_lib);
     case kConv1dDepthwise: return ServedOp<kConv1dDepthwise, &conv1d_hit>::register_in(backend_lib, autograd_lib);
+    case kLayerNormQuant:
+      return ServedOp<kLayerNormQuant, &layer_norm_quant_hit>::register_in(backend_lib, autograd_lib);
     default: TORCH_CHECK(false, "oasr_hot: unknown op code ", op);
   }
 }
@@ -552,7 +635,7 @@ void disable() {
 }
 
 // Params per op (hot_path.py): gemm (split, activation, workspace bytes); the scaled GEMMs (workspace bytes, vector
-// alignment, expand scale_w); conv1d_depthwise (B, T, C, Kw, activation, glu).
+// alignment, expand scale_w); conv1d_depthwise (B, T, C, Kw, activation, glu); layer_norm_quant none.
 void install(int64_t op, c10::string_view config, std::vector<int64_t> ints, int64_t arm, int64_t launcher,
              std::vector<int64_t> params, int64_t slot, c10::string_view config_id) {
   TORCH_CHECK(op >= 0 && op < kNumOps, "oasr_hot.install: unknown op code ", op);
@@ -560,12 +643,15 @@ void install(int64_t op, c10::string_view config, std::vector<int64_t> ints, int
   TORCH_CHECK(arm == kKernel || op == kGemm, "oasr_hot.install: ", kOpNames[op], " has kernel plans only");
   TORCH_CHECK(arm != kKernel || launcher != 0, "oasr_hot.install: a kernel plan needs its launcher");
   TORCH_CHECK(ints.size() <= 24, "oasr_hot.install: too many key integers");
-  const size_t n_params = op == kConv1dDepthwise ? 6 : 3;
+  const size_t n_params = op == kConv1dDepthwise ? 6 : op == kLayerNormQuant ? 0 : 3;
   TORCH_CHECK(params.size() == n_params, "oasr_hot.install: ", kOpNames[op], " takes ", n_params, " params, got ",
               params.size());
   auto in_int = [](int64_t v) { return v >= 0 && v <= INT32_MAX; };
   if (op == kConv1dDepthwise) {
     for (int64_t v : params) TORCH_CHECK(in_int(v), "oasr_hot.install: conv1d_depthwise param out of range");
+  } else if (op == kLayerNormQuant) {  // key ints (x dtype, M, N, ..): the launcher takes M and N as int
+    TORCH_CHECK(ints.size() == 9 && ints[1] > 0 && in_int(ints[1]) && ints[2] > 0 && in_int(ints[2]),
+                "oasr_hot.install: layer_norm_quant key malformed or M, N out of range");
   } else {
     // key ints: gemm (dtype, act, M, N, K, ..), the scaled GEMMs (variant, M, N, K, ..)
     const size_t first_mnk = op == kGemm ? 2 : 1;

@@ -27,11 +27,12 @@ def test_host_overhead_with_the_hot_path(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["us_per_call"]
     answered = json.loads(out.read_text())["cpp_answered_calls"]
-    served = ("gemm", "gemm_torch_arm", "scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "conv1d_depthwise")
+    served = ("gemm", "gemm_torch_arm", "scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "conv1d_depthwise",
+              "layer_norm_quant")
+    assert set(rows) >= set(served)
     for name in served:  # the ops the C++ hot path serves: timed through it, every call after the first answered there
         assert set(rows[name]) == {"impl", "op", "cpp_op"} and all(v > 0 for v in rows[name].values()), name
         assert answered[name] == 200 + 20 - 1, (name, answered[name])  # warm-up + one block of calls, less the miss
-    assert set(rows["layer_norm_quant"]) == {"impl", "op"} and all(v > 0 for v in rows["layer_norm_quant"].values())
     for name in ("floor", "aten/addmm_small"):
         assert rows[name]["op"] > 0, name
 

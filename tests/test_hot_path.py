@@ -1,5 +1,5 @@
 """The C++ hot path on the CPU (families/hot_path.py, templates/hot_path.cpp, codegen/host_ext.py): `oasr::gemm`,
-and (the second script) the int8 GEMMs and the depthwise conv.
+and (the second script) the int8 GEMMs, the depthwise conv and layer_norm_quant.
 
 The extension is really built (the host compiler against the installed torch, into a JIT directory of the test's
 own) and served at the CPU key, as the GPU serves it at CUDA: its backend and Autograd kernels replace the Python
@@ -295,8 +295,8 @@ RECORDING_FAMILY_STUB = r'''
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-static long long smm[17], dw[15];
-static int smm_calls, dw_calls, elt = 2;
+static long long smm[17], dw[15], lnq[10];
+static int smm_calls, dw_calls, lnq_calls, elt = 2;
 int oasr_abi_version(void) { return %(abi)d; }
 const char* oasr_describe(void) { return "recording family stub"; }
 int oasr_run(void) { return 0; }
@@ -305,6 +305,9 @@ size_t oasr_workspace_size(void) { return 0; }
 int oasr_smm_abi_version(void) { return %(smm)d; }
 int oasr_smmr_abi_version(void) { return %(smmr)d; }
 int oasr_dwconv_abi_version(void) { return %(dwconv)d; }
+int oasr_lnq_abi_version(void) { return %(lnq)d; }
+int oasr_lnq_can_implement(int M, int N) { return 0; }
+size_t oasr_lnq_workspace_size(int M, int N) { return 0; }
 int oasr_smm_can_implement(int M, int N, int K) { return 0; }
 int oasr_smmr_can_implement(int M, int N, int K) { return 0; }
 size_t oasr_smm_workspace_size(int M, int N, int K) { return 64; }
@@ -344,6 +347,26 @@ int oasr_dwconv_run(const void* x, const void* w, int wf, const void* bias, int 
   fill(out, (long long)B * T * C);
   return ++dw_calls, 0;
 }
+/* layer_norm_quant: N = 24 plays a row the kernel refuses (status 1, nothing launched) */
+int oasr_lnq_run(const void* x, const void* w, int wf, const void* b, int bf, void* q, void* scale, void* y, int M,
+                 int N, float eps, void* stream) {
+  if (N == 24) return 1;
+  uint32_t bits;
+  memcpy(&bits, &eps, 4);
+  long long v[10] = {(intptr_t)x, (intptr_t)w, wf, (intptr_t)b, bf, y != 0, M, N, bits, (intptr_t)stream};
+  memcpy(lnq, v, sizeof v);
+  unsigned char* o = (unsigned char*)q;
+  for (long long i = 0; i < (long long)M * N; ++i) o[i] = (unsigned char)(0x21 + i %% 7);
+  float* s = (float*)scale;
+  for (int i = 0; i < M; ++i) s[i] = 0.5f + i;
+  if (y) {
+    uint16_t* h = (uint16_t*)y;
+    for (long long i = 0; i < (long long)M * N; ++i) h[i] = (uint16_t)(0x3C00 + i %% 3);
+  }
+  return ++lnq_calls, 0;
+}
+long long rec_lnq(int i) { return lnq[i]; }
+int rec_lnq_calls(void) { return lnq_calls; }
 long long rec_smm(int i) { return smm[i]; }
 long long rec_dw(int i) { return dw[i]; }
 int rec_smm_calls(void) { return smm_calls; }
@@ -360,20 +383,23 @@ import host_overhead as H
 from oasr_ops.codegen.templates import ABI_VERSION
 from oasr_ops.codegen.emit_int8 import SMM_ABI_VERSION, SMMR_ABI_VERSION
 from oasr_ops.codegen.render_conv1d import DWCONV_ABI_VERSION
+from oasr_ops.codegen.render_layer_norm_quant import LNQ_ABI_VERSION
 
 tmp = Path(tempfile.mkdtemp())
 (tmp / "rec.c").write_text(STUB % {"abi": ABI_VERSION, "smm": SMM_ABI_VERSION, "smmr": SMMR_ABI_VERSION,
-                                   "dwconv": DWCONV_ABI_VERSION})
+                                   "dwconv": DWCONV_ABI_VERSION, "lnq": LNQ_ABI_VERSION})
 subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "rec.so"), str(tmp / "rec.c")], check=True)
 H._install_stubs(tmp / "rec.so")
 rec = ctypes.CDLL(str(tmp / "rec.so"))
-rec.rec_smm.restype = rec.rec_dw.restype = ctypes.c_longlong
+rec.rec_smm.restype = rec.rec_dw.restype = rec.rec_lnq.restype = ctypes.c_longlong
 smm_args = lambda: [rec.rec_smm(i) for i in range(15)]  # all but the output pointer
 dw_args = lambda: [rec.rec_dw(i) for i in range(14)]
+lnq_args = lambda: [rec.rec_lnq(i) for i in range(10)]  # all but the output pointers
 
 import oasr_ops
 from oasr_ops.families import hot_path as hp
 from oasr_ops.families.conv1d import ops as C
+from oasr_ops.families.layer_norm_quant import ops as L
 from oasr_ops.families.scaled_mm import act_quant, ops as S, residual
 
 ops = torch.ops.oasr
@@ -411,7 +437,8 @@ def twice(fn, *args, elt=2, stub_calls=rec.rec_smm_calls, stub_args=smm_args):
     h = hits()
     assert h == 1, f"the second call was not answered in C++ ({h} hits)"
     assert stub_args() == l1, (stub_args(), l1)
-    assert torch.equal(y1, y2) and y1.dtype == y2.dtype and y1.shape == y2.shape
+    for t1, t2 in zip(*((y,) if isinstance(y, torch.Tensor) else y for y in (y1, y2)), strict=True):
+        assert torch.equal(t1, t2) and t1.dtype == t2.dtype and t1.shape == t2.shape
     return y1, l1
 
 with torch.no_grad():
@@ -451,6 +478,46 @@ with torch.no_grad():
     xt = xb.transpose(1, 2).contiguous().transpose(1, 2)
     twice(ops.conv1d_depthwise.default, xt, wf, bf, 15, "btc", "silu", dw, False, stub_calls=rec.rec_dw_calls,
           stub_args=lambda: dw_args()[1:])  # (x's copy is a new pointer each call)
+
+    # layer_norm_quant: weight / bias of x's dtype or fp32 or none, normalized or not, int8 and fp8, fp16 and bf16
+    import struct
+    ln_calls = 0
+    for x, wln, bln in ((xb, torch.randn(64).half(), torch.randn(64)), (xb.bfloat16(), torch.randn(64), None),
+                        (xb[:1, :7], None, torch.randn(64).half())):
+        for normalized, scheme in ((False, "int8"), (True, "fp8")):
+            outs, l = twice(ops.layer_norm_quant.default, x, wln, bln, 1e-5, normalized, scheme, "auto",
+                            stub_calls=rec.rec_lnq_calls, stub_args=lnq_args)
+            ln_calls += 2
+            q, scale, y = outs
+            mm = x.numel() // 64
+            assert l[0] == x.data_ptr() and l[1] == (0 if wln is None else wln.data_ptr()), l
+            assert l[2] == int(wln is not None and wln.dtype == torch.float32), l
+            assert l[3] == (0 if bln is None else bln.data_ptr()), l
+            assert l[4] == int(bln is not None and bln.dtype == torch.float32), l
+            assert l[5:9] == [int(normalized), mm, 64, struct.unpack("I", struct.pack("f", 1e-5))[0]], l
+            assert q.dtype == L._QDTYPE[scheme] and q.shape == x.shape and scale.shape == (mm,)
+            assert torch.equal(scale, torch.arange(mm, dtype=torch.float32) + 0.5)
+            assert y.shape == (x.shape if normalized else (0,)) and y.dtype == x.dtype
+    hp.collect_calls()
+    assert sum(p.calls for p in L._LAUNCHES.values() if p is not None) == ln_calls
+    # a row the kernel refuses (the stub's N = 24): Python warns once and runs the reference, C++ never answers it
+    x24 = torch.randn(3, 24).half()
+    n0 = rec.rec_lnq_calls()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            q, scale, _y = ops.layer_norm_quant.default(x24, None, None, 1e-5, False, "int8", "auto")
+    assert rec.rec_lnq_calls() == n0 and hits() == 0
+    assert any("unaligned" in str(x.message) for x in seen), [str(x.message) for x in seen]
+    rq, rs, _ = L.reference_layer_norm_quant(x24, None, None, 1e-5, False, "int8")
+    assert torch.equal(q, rq) and torch.equal(scale, rs)
+    # another eps, another dtype of weight than the plan's: Python decides (new plans), nothing wrong is reused
+    wln = torch.randn(64).half()
+    twice(ops.layer_norm_quant.default, xb, wln, None, 1e-6, False, "int8", "auto", stub_calls=rec.rec_lnq_calls,
+          stub_args=lnq_args)
+    _, l = twice(ops.layer_norm_quant.default, xb, wln.float(), None, 1e-6, False, "int8", "auto",
+                 stub_calls=rec.rec_lnq_calls, stub_args=lnq_args)
+    assert l[2] == 1 and l[8] == struct.unpack("I", struct.pack("f", 1e-6))[0], l
 
     # call counts reach the Python plans
     assert sum(p.calls for p in S.served()) == 2 * 5 + 2 * 2, [(p.config, p.calls) for p in S.served()]
@@ -495,6 +562,11 @@ with torch.no_grad():
         (ops.scaled_mm_residual.default, (a, w, sa, sw, b16, res, float("inf"), torch.float16, tile), "alpha"),
         (ops.conv1d_depthwise.default, (xb, wf, bf[:7].contiguous(), 15, "btc", "silu", dw, False), "bias"),
         (ops.conv1d_depthwise.default, (xb, wf, bf, 15, "btc", "gelu", dw, False), "activation"),
+        (ops.layer_norm_quant.default, (xb, wln[:7].contiguous(), None, 1e-6, False, "int8", "auto"), "weight"),
+        (ops.layer_norm_quant.default, (xb, wln.double(), None, 1e-6, False, "int8", "auto"), "weight"),
+        (ops.layer_norm_quant.default, (xb.transpose(1, 2), None, None, 1e-6, False, "int8", "auto"), "contiguous"),
+        (ops.layer_norm_quant.default, (xb, wln, None, 1e-6, False, "int4", "auto"), "scheme"),
+        (ops.layer_norm_quant.default, (xb, wln, None, -1.0, False, "int8", "auto"), "eps"),
     ]
     for fn, args, word in bad_calls:
         try:
@@ -534,6 +606,14 @@ try:
     raise AssertionError("backward ran")
 except RuntimeError as e:
     assert "oasr.scaled_mm_residual has no backward" in str(e), e
+xg = xb.clone().requires_grad_()
+q, scale, y = ops.layer_norm_quant.default(xg, None, None, 1e-5, True, "int8", "auto")
+assert scale.requires_grad and y.requires_grad and not q.requires_grad
+try:
+    (scale.sum() + y.float().sum()).backward()
+    raise AssertionError("backward ran")
+except RuntimeError as e:
+    assert "oasr.layer_norm_quant has no backward" in str(e), e
 
 # only some ops: the others keep their Python kernels
 hp.disable()
@@ -549,8 +629,9 @@ print("OK")
 
 @pytest.mark.slow
 def test_cpp_hot_path_int8_gemms_and_conv_on_cpu(tmp_path):
-    """The int8 GEMMs and the depthwise conv through the C++ hot path with recording stub launchers: each second call
-    is answered in C++ with the launch the Python path made (every pointer, flag and shape; alpha's fp32 bits), an
+    """The int8 GEMMs, the depthwise conv and layer_norm_quant through the C++ hot path with recording stub
+    launchers: each second call is answered in C++ with the launch the Python path made (every pointer, flag and
+    shape; alpha's and eps's fp32 bits), a row the LayerNorm kernel refuses goes to Python's warned reference, an
     out_scale is taken only at a version Python checked, bad calls get the Python errors, misaligned operands its
     fallback, the torch arm stays Python, plans are forgotten with the Python ones, grad raises at backward."""
     env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}

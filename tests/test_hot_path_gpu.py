@@ -1,5 +1,5 @@
 """The C++ hot path on the GPU (families/hot_path.py, templates/hot_path.cpp; run: `pytest -m gpu`): oasr::gemm, and
-(the end of this file) the int8 GEMMs and the depthwise conv.
+(the end of this file) the int8 GEMMs, the depthwise conv and layer_norm_quant.
 
 Every call answered in C++ must equal the Python path's answer bit for bit (the same plan: the same kernel or the
 same aten calls), on fresh random inputs with the output poisoned with NaN first, for the torch arm, the fused
@@ -383,3 +383,123 @@ def test_int8_and_conv_capture_and_out_scale_checks(hot_all):
         out_scale.zero_()
         with pytest.raises(ValueError, match="finite and > 0"):
             o.scaled_mm_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# layer_norm_quant (session 18): each C++ answer equals the Python path's bit for bit
+
+LNQ_NS = (512, 768, 1536)  # `auto`: lnq_r32_v8 up to 1024, lnq_r64_v8 up to 2048
+
+
+@pytest.fixture(scope="module")
+def lnq_kernels():
+    """The kernels `auto` serves at LNQ_NS in fp16 / bf16 x int8 / fp8, built in parallel first."""
+    import os
+
+    from oasr_ops.codegen.jit import build_many
+    from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for
+    from oasr_ops.families.layer_norm_quant.ops import auto_config
+
+    arch = cuda_arch_of(torch.device("cuda"))
+    configs = {auto_config(n) for n in LNQ_NS}
+    specs = [spec_for(c, dt, scheme, arch) for c in configs for dt in (torch.float16, torch.bfloat16)
+             for scheme in ("int8", "fp8")]
+    report = build_many(specs, jobs=os.cpu_count(), progress=False)
+    assert not report.failed, report.failed
+
+
+@pytest.fixture()
+def hot_lnq(lnq_kernels):
+    from oasr_ops.families import hot_path
+
+    hot_path.disable()
+    hot_path.clear()
+    hot_path.enable("CUDA")
+    yield hot_path
+    hot_path.disable()
+    hot_path.clear()
+
+
+def _lnq_poisoned(x, *args):
+    """One layer_norm_quant call with its outputs' blocks poisoned first (q -77 / NaN bits, scale and y NaN)."""
+    n = x.shape[-1]
+    poison = (torch.full(x.shape, -77, dtype=torch.int8, device="cuda"),
+              torch.full((x.numel() // n,), float("nan"), device="cuda"), torch.full_like(x, float("nan")))
+    del poison  # the caching allocator hands these blocks to the op's outputs next
+    return torch.ops.oasr.layer_norm_quant.default(x, *args)
+
+
+def _lnq_same(a, b) -> bool:
+    return all(torch.equal(s.view(torch.int8) if s.dtype == torch.float8_e4m3fn else s,
+                           t.view(torch.int8) if t.dtype == torch.float8_e4m3fn else t) for s, t in zip(a, b))
+
+
+def test_layer_norm_quant_cpp_answers_equal_python(hot_lnq):
+    """Odd M, 2-D and 3-D rows, fp16 / bf16, int8 / fp8, weight and bias of x's dtype, fp32 or none, normalized or
+    not: the C++ answer (counted by its table) equals the Python path's and the first (installing) call's, and is
+    the reference's quantization (scale equal within fp32 rounding, q within one step); a misaligned row goes to
+    Python's warned reference; a call captured in a CUDA graph on a side stream replays the eager answer."""
+    from oasr_ops.families.layer_norm_quant import ops as L
+
+    hot_path = hot_lnq
+    g = torch.Generator().manual_seed(3)
+    checked = answered = 0
+    with torch.no_grad():
+        for n in LNQ_NS:
+            for m in (1, 7, 17, 127, 1000):
+                for dtype in (torch.float16, torch.bfloat16):
+                    x = (torch.randn(m, n, generator=g) * 3 + 0.5).to(dtype).cuda()
+                    if m % 2 == 0:
+                        x = x.view(1, m, n)
+                    for w_dtype in (dtype, torch.float32, None):
+                        w = None if w_dtype is None else (torch.rand(n, generator=g) + 0.5).to(w_dtype).cuda()
+                        b = None if w_dtype is None else torch.randn(n, generator=g).to(w_dtype).cuda()
+                        for normalized, scheme in ((False, "int8"), (True, "int8"), (False, "fp8"), (True, "fp8")):
+                            args = (w, b, 1e-5, normalized, scheme, "auto")
+                            first = _lnq_poisoned(x, *args)
+                            hot_path.collect_calls()
+                            second = _lnq_poisoned(x, *args)
+                            hits = sum(torch.ops.oasr_hot.drain_calls()[1::2])
+                            hot_path.disable()
+                            python = _lnq_poisoned(x, *args)
+                            hot_path.enable("CUDA")
+                            torch.cuda.synchronize()
+                            where = (n, m, dtype, w_dtype, normalized, scheme)
+                            assert _lnq_same(second, python) and _lnq_same(first, python), where
+                            rq, rs, ry = L.reference_layer_norm_quant(x, w, b, 1e-5, normalized, scheme)
+                            q, s, y = second
+                            torch.testing.assert_close(s, rs, rtol=2e-3, atol=0, msg=str(where))
+                            dq = (q.float() * s.view(*q.shape[:-1], 1)).float()
+                            rdq = (rq.float() * rs.view(*q.shape[:-1], 1)).float()
+                            step = s.view(*q.shape[:-1], 1) * (1 if scheme == "int8" else 32)
+                            assert ((dq - rdq).abs() <= step * 1.01).all(), where
+                            if normalized:
+                                torch.testing.assert_close(y.float(), ry.float(), rtol=2e-2, atol=2e-2,
+                                                           msg=str(where))
+                            else:
+                                assert y.numel() == 0
+                            answered += hits
+                            checked += 1
+        # a misaligned row (x's pointer 2 bytes off): the kernel refuses it, Python warns and runs the reference
+        buf = torch.randn(7 * 512 + 1, generator=g).half().cuda()
+        xm = buf[1:].view(7, 512)
+        hot_path.collect_calls()
+        outs = [_lnq_poisoned(xm, None, None, 1e-5, False, "int8", "auto") for _ in range(2)]
+        assert sum(torch.ops.oasr_hot.drain_calls()[1::2]) == 0
+        ref = L.reference_layer_norm_quant(xm, None, None, 1e-5, False, "int8")
+        assert all(_lnq_same(o, ref) for o in outs)
+        # captured on a side stream (the launch must use the caller's stream)
+        x = torch.randn(4, 250, 512, generator=g).half().cuda()
+        w, b = torch.rand(512, generator=g).cuda(), torch.randn(512, generator=g).cuda()
+        run = lambda: torch.ops.oasr.layer_norm_quant.default(x, w, b, 1e-5, True, "int8", "auto")  # noqa: E731
+        eager = run()
+        run()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            captured = run()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _lnq_same(eager, captured)
+    assert answered == checked, (answered, checked)  # every second call was the C++ table's

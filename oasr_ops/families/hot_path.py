@@ -11,7 +11,8 @@ answer (no plan for its key yet, an operand that fails a check, a misaligned poi
 Python has not checked at its current version) goes to the Python implementation, registered for it as
 `oasr::_<op>_py`, so errors, warnings and fallbacks are exactly the Python path's.
 
-Served ops (`OPS`): gemm, scaled_mm, scaled_mm_quant, scaled_mm_act_quant, scaled_mm_residual, conv1d_depthwise.
+Served ops (`OPS`): gemm, scaled_mm, scaled_mm_quant, scaled_mm_act_quant, scaled_mm_residual, conv1d_depthwise,
+layer_norm_quant.
 What each tells the table (`install`): the integers its Python plan key holds besides the config, in the order
 the C++ hit path builds them, and the launch constants of its plan (`run.native` = (arm, launcher, params)):
 
@@ -24,6 +25,9 @@ the C++ hit path builds them, and the launch constants of its plan (`run.native`
   conv1d_depthwise    ints (x dtype, w dtype, bias: -1 or (dtype, rank, sizes, device), x rank and sizes, w rank
                       and sizes, padding, layout code, activation code, glu, x device, w device); params (B, T, C,
                       Kw, activation, glu) — kernels only
+  layer_norm_quant    ints (x dtype, M, N, weight and bias: -1 or their dtype, normalized, scheme: 0 int8 1 fp8,
+                      eps's float64 bits, x device); no params (the launcher checks its problem; an unaligned row it
+                      refuses goes to Python) — kernels only (the reference stays Python)
 
 Dtypes are c10 ScalarType codes (asked from the library), devices `device_code`.
 
@@ -51,7 +55,7 @@ ENV = "OASR_CPP_HOT_PATH"
 ARM_TORCH, ARM_TORCH_FUSED_RELU, ARM_KERNEL = 0, 1, 2
 ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 OPS = {"gemm": 0, "scaled_mm": 1, "scaled_mm_quant": 2, "scaled_mm_act_quant": 3, "scaled_mm_residual": 4,
-       "conv1d_depthwise": 5}  # templates/hot_path.cpp `Op`
+       "conv1d_depthwise": 5, "layer_norm_quant": 6}  # templates/hot_path.cpp `Op`
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 
 _LOCK = threading.RLock()

@@ -18,15 +18,21 @@ The formula (what the reference computes and the kernel reproduces; tolerances i
 i.e. exactly `oasr::quantize_per_token` (`_fp8`) of the unfused LayerNorm's output: fusing changes the passes over
 memory, not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
 JIT-built kernel (templates/layer_norm_quant.cu.j2), which is CUDA-graph capturable (current stream, caching
-allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients.
+allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients. A served int8 model calls
+it dozens of times per forward (up to four LayerNorms per Conformer layer feed a quantized GEMM), so the C++ hot path
+(families/hot_path.py) serves its kernel launches without CUDA graphs, from the plans made here.
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 
+from .. import hot_path as _hot
 from ..autograd import register_inference_op
 from ...codegen.render_layer_norm_quant import SCHEMES, SPACE, LnqConfig, parse_lnq  # noqa: F401
-from ...runtime.plans import WarnOnce
+from ...runtime import database as _database
+from ...runtime.plans import Plan, WarnOnce
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define("layer_norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, bool normalized, str scheme, "
@@ -113,8 +119,8 @@ def _fake(x, weight, bias, eps, normalized, scheme, config):
 
 # A call's launch decided once per (x, weight and bias metadata, eps, normalized, scheme, config): the checks, the
 # config, the kernel load and its can_implement ran when it was decided (each ~2-10 us per call otherwise: a serving
-# process calls this op ~30 times per forward). Value: (config, kernel), or None where the reference serves it.
-_LAUNCHES: dict[tuple, tuple | None] = {}
+# process calls this op dozens of times per forward). Value: the kernel's Plan, or None where the reference serves it.
+_LAUNCHES: dict[tuple, Plan | None] = {}
 _LAUNCHES_MAX = 4096  # distinct shapes; past it the cache starts over (a service sees a bounded set of lengths)
 
 
@@ -122,7 +128,7 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.dtype, t.shape, t.device, t.is_contiguous())
 
 
-def _decide(x, weight, bias, eps, scheme, config) -> tuple | None:
+def _decide(x, weight, bias, eps, scheme, config) -> Plan | None:
     _check(x, weight, bias, eps, scheme, config)
     _check_layout(x, weight, bias)
     n = x.shape[-1]
@@ -135,37 +141,63 @@ def _decide(x, weight, bias, eps, scheme, config) -> tuple | None:
     kern = get_kernel(cfg, x.dtype, scheme, x.device)
     if kern is None or kern.can_implement(m, n) != 0:
         return None
-    return cfg, kern
+    return Plan(cfg.id, "width-table" if config == "auto" else "explicit", f"layer_norm_quant|N={n}",
+                _kernel_run(cfg, kern))
+
+
+def _kernel_run(cfg: LnqConfig, kern):
+    """The launch of `cfg`'s kernel; ``.native`` tells the C++ hot path its launcher (no params)."""
+    run_c = kern.run
+
+    def run_kernel(x, weight, bias, eps, normalized, scheme):
+        n = x.shape[-1]
+        m = x.numel() // n
+        q = torch.empty(x.shape, dtype=_QDTYPE[scheme], device=x.device)
+        scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+        y = torch.empty_like(x) if normalized else x.new_empty((0,))
+        rc = run_c(x.data_ptr(), None if weight is None else weight.data_ptr(), int(weight is not None
+                   and weight.dtype == torch.float32), None if bias is None else bias.data_ptr(),
+                   int(bias is not None and bias.dtype == torch.float32), q.data_ptr(), scale.data_ptr(),
+                   y.data_ptr() if normalized else None, m, n, float(eps),
+                   torch._C._cuda_getCurrentRawStream(x.get_device()))
+        if rc == 1:  # a row the 1-element instantiation cannot hold (unaligned operands): the reference serves it
+            _warn_once(f"oasr.layer_norm_quant: {cfg.id} cannot serve unaligned N={n}; using the reference for it")
+            return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
+        if rc != 0:
+            raise RuntimeError(f"oasr.layer_norm_quant: kernel {cfg.id} failed with status {rc} on M={m} N={n}")
+        return q, scale, y
+    run_kernel.native = _hot.native_kernel(kern.handle.oasr_lnq_run)
+    return run_kernel
+
+
+_SCHEME_CODES = {"int8": 0, "fp8": 1}  # templates/hot_path.cpp layer_norm_quant_hit
+
+
+def _hot_install(x, weight, bias, eps: float, normalized: bool, scheme: str, config: str, plan: Plan) -> None:
+    """Install `plan` in the C++ hot path under the integers families/hot_path.py lists for this op."""
+    code = _hot.dtype_code
+    n = x.shape[-1]
+    ints = (code(x.dtype), x.numel() // n, n, -1 if weight is None else code(weight.dtype),
+            -1 if bias is None else code(bias.dtype), int(normalized), _SCHEME_CODES[scheme],
+            struct.unpack("<q", struct.pack("<d", eps))[0], _hot.device_code(x.device))
+    _hot.install("layer_norm_quant", config, ints, plan, _database.epoch())
 
 
 def _cuda(x, weight, bias, eps, normalized, scheme, config):
     key = (*_meta(x), _meta(weight), _meta(bias), eps, normalized, scheme, config)
     try:
-        launch = _LAUNCHES[key]
+        plan = _LAUNCHES[key]
     except KeyError:
-        launch = _decide(x, weight, bias, eps, scheme, config)
+        plan = _decide(x, weight, bias, eps, scheme, config)
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
-        _LAUNCHES[key] = launch
-    if launch is None:
+        _LAUNCHES[key] = plan
+    if plan is None:
         return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
-    cfg, kern = launch
-    n = x.shape[-1]
-    m = x.numel() // n
-    q = torch.empty(x.shape, dtype=_QDTYPE[scheme], device=x.device)
-    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-    y = torch.empty_like(x) if normalized else x.new_empty((0,))
-    rc = kern.run(x.data_ptr(), None if weight is None else weight.data_ptr(), int(weight is not None
-                  and weight.dtype == torch.float32), None if bias is None else bias.data_ptr(),
-                  int(bias is not None and bias.dtype == torch.float32), q.data_ptr(), scale.data_ptr(),
-                  y.data_ptr() if normalized else None, m, n, float(eps),
-                  torch._C._cuda_getCurrentRawStream(x.get_device()))
-    if rc == 1:  # a row the 1-element instantiation cannot hold (unaligned operands): the reference serves it
-        _warn_once(f"oasr.layer_norm_quant: {cfg.id} cannot serve unaligned N={n}; using the reference for it")
-        return reference_layer_norm_quant(x, weight, bias, eps, normalized, scheme)
-    if rc != 0:
-        raise RuntimeError(f"oasr.layer_norm_quant: kernel {cfg.id} failed with status {rc} on M={m} N={n}")
-    return q, scale, y
+    plan.calls += 1
+    if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        _hot_install(x, weight, bias, eps, normalized, scheme, config, plan)
+    return plan.run(x, weight, bias, eps, normalized, scheme)
 
 
 register_inference_op(_lib, "layer_norm_quant", cpu=_cpu, cuda=_cuda, fake=_fake)
