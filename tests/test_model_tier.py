@@ -183,6 +183,23 @@ def test_region_table_agrees_with_select(model_env, n, k, entries):
             assert sel.resolve_in_table(table, m) == pick(m, n, k).config, m
 
 
+def test_baked_table_is_reported_under_the_tier_that_answers_it(model_env, monkeypatch):
+    """A symbolic-M site's baked table is labelled like `select_config` labels its Ms (the tuning report counts
+    these labels): the model for an uncovered modelled signature (it said "default" before), the DB tier with an
+    entry, the family's fallback tier with the model off or for a family the model does not serve."""
+    from oasr_ops.families.graph import bake
+
+    assert bake("gemm", "gemm", "fp16", *BIG, None, None)[1] == "model" == pick(5000).tier
+    write_db(model_env.system, {f"gemm|op=gemm|dt=half|N={BIG[0]}|K={BIG[1]}": {"regions": [[100, A]]}})
+    db.reload()
+    assert bake("gemm", "gemm", "fp16", *BIG, None, None)[1] == "system"
+    assert bake("scaled_mm", "scaled_mm", "int8", *BIG, None, None)[1] == "heuristic"
+    monkeypatch.setenv("OASR_TUNE_MODEL_FALLBACK", "0")
+    db.reload()
+    assert bake("gemm", "gemm", "fp16", 4096, 4096, None, None)[1] == "default"
+    assert sel.table_tier("gemm", "gemm", "fp16", 4096, 4096, "sm90") == "default"
+
+
 @pytest.mark.slow
 def test_region_table_agrees_at_every_m_up_to_20000(model_env):
     for n, k in (BIG, (4096, 4096)):

@@ -72,7 +72,7 @@ class GemmSite:
     activation: str = "none"
     bias: bool = False
     config: str = "auto"    # what was baked into the graph
-    tier: str = ""          # the tier that answered (static M) or, for a baked table, the highest tier with an entry
+    tier: str = ""          # the tier that answered (static M), or a baked table's (select.table_tier)
     node: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -219,24 +219,12 @@ def bake(family: str, op: str, dtype: str, n: int, k: int, m: int | None, arch: 
                 return hit[0], hit[1], sig
         return s.config, s.tier, sig
     table = select.region_table(family, op, dtype, n, k, arch, eager=eager)
-    tier = table_tier(family, op, dtype, n, k, arch)
+    tier = select.table_tier(family, op, dtype, n, k, arch)
     if table and table[-1][1] == "auto":
         table = table[:-1]
     if not table or any(cfg == "auto" for _, cfg in table):
         return "auto", tier, sig
     return format_table([(hi, cfg) for hi, cfg in table]), tier, sig
-
-
-def table_tier(family: str, op: str, dtype: str, n: int, k: int, arch: str | None) -> str:
-    """For a baked table: the highest DB tier with an entry for the signature, else the family's fallback tier."""
-    from ..runtime import database
-    from ..runtime.arch import current_arch_family, normalize_arch
-
-    a = normalize_arch(arch) if arch else current_arch_family()
-    if a is not None:
-        for tier, _e in database.chain(family, op, dtype, n, k, a):
-            return tier
-    return "default"
 
 
 @dataclass

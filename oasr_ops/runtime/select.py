@@ -24,8 +24,8 @@ family's serving rules, all driven by its spec — a concrete id of the native l
 * no native lane for the arch (or no arch): ``torch``, tier ``default``;
 * ``heuristic`` -> `spec.heuristic`'s tile, keeping the tier (a measured ``heuristic`` region stays measured);
   ``torch``/``fused`` -> ``torch``; ``default`` -> the lane default, then checked like any id:
-* refused, each warned about once and replaced by the policy's answer (`spec.heuristic`, the lane default or
-  torch; tier `spec.fallback_tier`): an id outside the native lane; a Stream-K tile for an op in
+* refused (runtime/serving_rules.py), each warned about once and replaced by the policy's answer (`spec.heuristic`,
+  the lane default or torch; tier `spec.fallback_tier`): an id outside the native lane; a Stream-K tile for an op in
   `spec.no_streamk_ops` or (`spec.streamk_measured_only`) from a tier other than user/system; an id outside
   `spec.production_ids(arch)` (`runtime.production`).
 
@@ -64,6 +64,7 @@ from . import database as _db
 from . import production as _production
 from . import registry as _registry
 from .arch import current_arch_family, normalize_arch
+from .serving_rules import POLICY_NAMES, policy_answer, refusal
 
 TIER_NAMES = ("autotune", "user", "system", "model", "default", "heuristic")
 
@@ -77,7 +78,6 @@ class Selection:
     signature: str
 
 
-MEASURED_TIERS = ("user", "system", "autotune")  # an autotune() result was measured in this process too
 
 
 class _Cell:
@@ -335,32 +335,6 @@ def _miss(key: tuple, family: str, op: str, dtype: Any, n: int, k: int, m: int, 
 # ------------------------------------------------------------------------------------------------ serving
 
 
-def _policy_answer(spec: _registry.FamilySpec, lane: Any, m: int, n: int, k: int, arch: str) -> str:
-    """What the family's policy serves an untuned call (and a call whose selected id a serving rule refused)."""
-    if spec.policy == "heuristic" and spec.heuristic is not None:
-        return spec.heuristic(lane, m, n, k, arch)
-    return "torch" if spec.policy == "torch" else lane.default.id
-
-
-_POLICY_NAMES = {"heuristic": "the heuristic", "default": "the lane default", "torch": "torch"}
-
-
-def _refusal(spec: _registry.FamilySpec, lane: Any, op: str, cfg: str, tier: str, arch: str) -> str | None:
-    """Why the serving rules refuse a concrete id `cfg` chosen by `tier` (None: served)."""
-    try:
-        c = lane.get(cfg)
-    except ConfigError:
-        return f"{cfg} is not a config of lane {lane.name}"
-    if c.kernel_schedule == "streamk":
-        if op in spec.no_streamk_ops:
-            return f"{cfg} is a Stream-K tile and there is no Stream-K launcher for {op}"
-        if spec.streamk_measured_only and tier not in MEASURED_TIERS:
-            return f"Stream-K tile {cfg} did not come from a measured entry"
-    if spec.production_ids is not None and cfg not in spec.production_ids(arch):
-        return f"{cfg} is outside this process's production set"
-    return None
-
-
 def _serve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None) -> Selection:
     if not _db._known(family, op):
         raise ValueError(f"unknown family/op {family!r}/{op!r}")
@@ -379,11 +353,11 @@ def _serve(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str |
         return Selection("torch", tier, sig)
     if cfg == "default":
         cfg = lane.default.id
-    why = _refusal(spec, lane, op, cfg, tier, a)
+    why = refusal(spec, lane, op, cfg, tier, a)
     if why is None:
         return Selection(cfg, tier, sig)
-    _warn(f"oasr.{op}: {sig}: {why}; skipped ({_POLICY_NAMES[spec.policy]} answers)")
-    return Selection(_policy_answer(spec, lane, m, n, k, a), spec.fallback_tier, sig)
+    _warn(f"oasr.{op}: {sig}: {why}; skipped ({POLICY_NAMES[spec.policy]} answers)")
+    return Selection(policy_answer(spec, lane, m, n, k, a), spec.fallback_tier, sig)
 
 
 # ------------------------------------------------------------------------------------------------ public
@@ -454,6 +428,19 @@ def region_table(family: str, op: str, dtype: Any, n: int, k: int, arch: str | N
         else:
             table.append([b, cfg])
     return table
+
+
+def table_tier(family: str, op: str, dtype: Any, n: int, k: int, arch: str | None = None) -> str:
+    """The tier a baked region table is reported under: the highest DB tier with an entry for the signature, else
+    the cost model where one answers the family (the tier `select_config` names for such an M), else the family's
+    fallback tier."""
+    a = normalize_arch(arch) if arch else current_arch_family()
+    if a is None:
+        return _registry.get(family).fallback_tier
+    ctx = _context(family, op, dtype, n, k, a)
+    if ctx.chain:
+        return ctx.chain[0][0]
+    return "model" if ctx.model is not None else ctx.fallback_tier
 
 
 def eager_answer(family: str, op: str, dtype: Any, n: int, k: int, m: int, arch: str | None = None
