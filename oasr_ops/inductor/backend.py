@@ -117,8 +117,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"
-    host = ("gemm, the int8 GEMMs and the depthwise conv run on the C++ hot path, the other oasr ops add Python host "
-            "time per call" if not why_not
+    host = ("gemm, the int8 GEMMs, the depthwise conv and layer_norm_quant run on the C++ hot path, the other oasr "
+            "ops add Python host time per call" if not why_not
             else f"the C++ hot path of the oasr ops is {why_not}: every oasr op call adds Python host time")
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
