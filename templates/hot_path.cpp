@@ -1,8 +1,8 @@
 // The C++ hot path of the oasr ops a served model calls most (docs/architecture.md, "Without CUDA graphs the host
 // decides"): `oasr::gemm`, the int8 GEMMs `oasr::scaled_mm`, `scaled_mm_quant`, `scaled_mm_act_quant`,
-// `scaled_mm_residual`, `oasr::conv1d_depthwise` and `oasr::layer_norm_quant`. Built by oasr_ops/codegen/host_ext.py with the host C++
-// compiler against the installed torch, loaded and switched on by oasr_ops/families/hot_path.py. Every decision
-// stays in Python; this file only replays decisions already made.
+// `scaled_mm_residual`, `oasr::conv1d_depthwise` and `oasr::layer_norm_quant`. Built by oasr_ops/codegen/host_ext.py
+// with the host C++ compiler against the installed torch, loaded and switched on by oasr_ops/families/hot_path.py.
+// Every decision stays in Python; this file only replays decisions already made.
 //
 // One table maps a call key (op, config string, and the integers the Python plan cache keys the call by: dtypes,
 // shapes, bias or not, devices) to the plan Python made for it (each family's `_cuda`): for gemm a torch arm
