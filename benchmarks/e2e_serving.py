@@ -13,6 +13,8 @@ variant, each compiled ONCE with `dynamic=True` (a new length must not recompile
   fp16-oasr   the same weights, backend="oasr"
   int8        `fusable_filter` -> `quantize_(int8_w8a8)` -> `calibrate` (on --calib batches of the same traffic)
               -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
+  int8-ln     the same quantized weights with fuse_quantization=True: the LayerNorms feeding a quantized GEMM become
+              `oasr::layer_norm_quant` calls (with "act" Inductor fuses their quantization into its own kernel)
   <base>-graph-regions  (fp16-oasr-graph-regions, int8-graph-regions) the base variant compiled with
               options={"eager_regions": False}: the tuning DB's graph regions also without CUDA graphs (by default
               the backend bakes the entries' regions_eager there: tune/serving_regions.py) — the A/B of that rule
@@ -206,6 +208,15 @@ def serving(fn):
     return fn.serving() if isinstance(fn, HotPathVariant) else contextlib.nullcontext()
 
 
+def layer_norm_quant_calls() -> int:
+    """`oasr::layer_norm_quant` kernel calls so far (Python's and, collected, the C++ hot path's)."""
+    from oasr_ops.families import hot_path
+    from oasr_ops.families.layer_norm_quant import ops as lnq
+
+    hot_path.collect_calls()
+    return sum(p.calls for p in lnq._LAUNCHES.values() if p is not None)
+
+
 def hot_path_base(name: str) -> str | None:
     """The base variant of a hot-path variant (`<base>-cpp`, `<base>-cpp-nolnq`), else None."""
     for suffix in ("-cpp", "-cpp-nolnq"):
@@ -225,11 +236,14 @@ def add_hot_path_variants(fns: dict, names: list, inputs: list, refs: list, res:
             continue
         ops = tuple(op for op in OPS if op != "layer_norm_quant") if name.endswith("-nolnq") else None
         fn = HotPathVariant(fns[base], ops)
+        lnq_before = layer_norm_quant_calls()
         t0 = time.perf_counter()
         with torch.no_grad(), serving(fn):
             errs = [rel_err_valid(*fn(x, n), ref) for (x, n), ref in zip(inputs, refs)]
             torch.cuda.synchronize()
         res["warm_pass_s"][name] = time.perf_counter() - t0
+        res.setdefault("layer_norm_quant_calls_per_request", {})[name] = \
+            (layer_norm_quant_calls() - lnq_before) / len(inputs)
         res["worst_rel_err"][name] = max(errs)
         res.setdefault("rel_err", {})[name] = errs
         print(f"{name}: warm pass {res['warm_pass_s'][name]:.1f} s, worst rel. err {max(errs):.3g}", flush=True)
@@ -408,14 +422,18 @@ def main() -> int:
     wanted = set(names) | {hot_path_base(n) for n in names if hot_path_base(n)}  # a -cpp variant's base compiles
     if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
-    if "int8" in wanted:
+    if "int8" in wanted or "int8-ln" in wanted:
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
         calib = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
         q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
         oasr_ops.calibrate(q, calib)
-        variants["int8"] = (q, oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
-                                              "cpp_hot_path": False})
+        if "int8" in wanted:
+            variants["int8"] = (copy.deepcopy(q), oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
+                                                                 "cpp_hot_path": False})
+        if "int8-ln" in wanted:
+            variants["int8-ln"] = (copy.deepcopy(q), oasr_backend, {"fuse_quantization": True, "fuse_residual": True,
+                                                                    "cpp_hot_path": False})
     tiers: dict = {}
     for name in sorted(wanted):
         if name.startswith("fp16-oasr-floor") and not name.endswith("-cpp"):
