@@ -96,11 +96,11 @@ def _uses_cuda_graphs(patches: dict[str, Any]) -> bool:
 def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any], cpp_hot_path: bool) -> None:
     """A CUDA graph compiled without CUDA graphs: each oasr op call then costs its host time, and a host-bound model
     (small batches; on a slow host every batch) can run slower than backend="inductor". So the ops the C++ hot path
-    serves (families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv) are switched to it (unless
-    ``cpp_hot_path=False``; built once like a kernel, a failure keeps the Python ops), and one warning per process
-    says what is left — measured on the H200 (docs/perf/e2e.md, "The C++ hot path of the int8 GEMMs and the
-    depthwise conv", "Eager regions"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.10-1.21x
-    and int8 1.04-1.14x overall, but 0.83-0.99x at 4 utterances per batch; without it fp16 0.77-0.90x, int8 0.67x. With
+    serves (families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) are switched to it
+    (unless ``cpp_hot_path=False``; built once like a kernel, a failure keeps the Python ops), and one warning per
+    process says what is left — measured on the H200 (docs/perf/e2e.md, "The eager floor", "layer_norm_quant on the
+    C++ hot path"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.31-1.35x and int8 1.14-1.24x
+    overall, int8 0.84-0.93x at 1 utterance per batch; without it fp16 0.77-0.90x, int8 0.67x. With
     mode="reduce-overhead" there is no host path to speed up."""
     if _uses_cuda_graphs(patches) or not _any_cuda(example_inputs):
         return
@@ -123,7 +123,7 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
                'than backend="inductor" (measured on the H200, variable-length traffic, vs fp16 Inductor: with the '
-               'C++ hot path fp16 1.10-1.21x and int8 1.04-1.14x overall but 0.83-0.99x at 4 utterances per '
+               'C++ hot path fp16 1.31-1.35x and int8 1.14-1.24x overall, int8 0.84-0.93x at 1 utterance per '
                'batch; without it fp16 0.77-0.90x, int8 0.67x); compile with mode="reduce-overhead" '
                '(options={"mode": "reduce-overhead"}) to serve (docs/perf/e2e.md, "Serving traffic without CUDA '
                'graphs")')
