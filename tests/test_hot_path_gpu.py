@@ -258,6 +258,21 @@ def _three_answers(hot_path, fn, args, out_shape, dtype):
     return first, second, python, answered
 
 
+def _eager_and_captured(run):
+    """`run()`'s eager answer (its first call: Python, installing the plans) and the answer of a CUDA graph captured
+    on a side stream after a second call (the C++ table's), replayed: a launch on another stream fails the capture."""
+    eager = run()
+    run()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, captured
+
+
 def _int8_operands(m, n, k, per_token: bool, g):
     a = torch.randint(-127, 128, (m, k) if m % 2 else (1, m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -369,15 +384,7 @@ def test_int8_and_conv_capture_and_out_scale_checks(hot_all):
                    o.scaled_mm_residual.default(a, w, sa, sw, None, res, 1.0, torch.float16, tile),
                    o.conv1d_depthwise.default(x, wd, None, 15, "btc", "silu", dw, False))
     with torch.no_grad():
-        eager = run()
-        run()  # the C++ table's now
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            captured = run()
-        graph.replay()
-        torch.cuda.synchronize()
+        eager, captured = _eager_and_captured(run)
         for e, c in zip(eager, captured):
             assert torch.equal(e, c)
         out_scale.zero_()
@@ -492,14 +499,5 @@ def test_layer_norm_quant_cpp_answers_equal_python(hot_lnq):
         x = torch.randn(4, 250, 512, generator=g).half().cuda()
         w, b = torch.rand(512, generator=g).cuda(), torch.randn(512, generator=g).cuda()
         run = lambda: torch.ops.oasr.layer_norm_quant.default(x, w, b, 1e-5, True, "int8", "auto")  # noqa: E731
-        eager = run()
-        run()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            captured = run()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _lnq_same(eager, captured)
+        assert _lnq_same(*_eager_and_captured(run))
     assert answered == checked, (answered, checked)  # every second call was the C++ table's
