@@ -18,9 +18,10 @@ The formula (what the reference computes and the kernel reproduces; tolerances i
 i.e. exactly `oasr::quantize_per_token` (`_fp8`) of the unfused LayerNorm's output: fusing changes the passes over
 memory, not the quantization. CPU (and fp32 input, and a width the kernel refuses) runs the reference; CUDA runs the
 JIT-built kernel (templates/layer_norm_quant.cu.j2), which is CUDA-graph capturable (current stream, caching
-allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients. A served int8 model calls
-it dozens of times per forward (up to four LayerNorms per Conformer layer feed a quantized GEMM), so the C++ hot path
-(families/hot_path.py) serves its kernel launches without CUDA graphs, from the plans made here.
+allocator, no sync). The op is registered with a fake (shapes only) and refuses gradients. An int8 model compiled
+with ``fuse_quantization=True`` calls it many times per forward (the example Conformer M: 64, four LayerNorms per
+layer feed a quantized GEMM), so the C++ hot path (families/hot_path.py) serves its kernel launches without CUDA
+graphs, from the plans made here (docs/perf/e2e.md, "layer_norm_quant on the C++ hot path").
 """
 from __future__ import annotations
 
