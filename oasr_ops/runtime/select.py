@@ -78,8 +78,6 @@ class Selection:
     signature: str
 
 
-
-
 class _Cell:
     """A memoised selection (`serve_config`'s when `served`) and how many calls it answered."""
 
