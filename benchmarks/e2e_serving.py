@@ -7,7 +7,9 @@ Every other e2e benchmark here times one fixed shape (B=16 x 10 s). A service se
 batches of every size, padded to the batch's longest and masked (`lengths`). This one builds a seeded request list
 (`--requests` batches; batch sizes cycled from --batches, utterance lengths uniform in [--min-s, --max-s] seconds at
 100 frames/s, the batch padded to its longest, optionally rounded up to --bucket-frames) and serves it with each
-variant, each compiled ONCE with `dynamic=True` (a new length must not recompile):
+variant, each compiled ONCE with `dynamic=True` (a new length must not recompile). A Whisper-style encoder
+(`--model examples.whisper:build_model`, a fixed 30 s window: `Interface`) gets the same traffic padded to its
+window, so only the batch size varies, and its error counts every output position:
 
   fp16        the fp16 model, backend="inductor" (the baseline)
   fp16-oasr   the same weights, backend="oasr"
@@ -51,6 +53,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import random
@@ -83,19 +86,39 @@ def traffic(n: int, batches: list[int], min_s: float, max_s: float, bucket: int,
     return out
 
 
-def make_inputs(req, n_mels: int, dtype, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    b, t, lens = req
-    g = torch.Generator().manual_seed(seed)
-    feats = torch.randn(b, t, n_mels, generator=g)
-    for i, n in enumerate(lens):  # padded frames are zeros, as a feature pipeline pads
-        feats[i, n:] = 0
-    return feats.to(device=device, dtype=dtype), torch.tensor(lens, dtype=torch.int64, device=device)
+@dataclasses.dataclass(frozen=True)
+class Interface:
+    """How the model is called with a request and which of its output frames count.
 
+    window 0: the Conformer's `(features (B, T, n_mels), lengths) -> (out, out_lengths)`, T the batch's padded length.
+    window W > 0: a Whisper-style encoder, `(mel (B, n_mels, W),) -> out (B, P, d)`: every request is padded to the
+    fixed window (only the batch size varies), and every output position counts (a decoder cross-attends to all)."""
 
-def rel_err_valid(out: torch.Tensor, out_lens: torch.Tensor, ref: torch.Tensor) -> float:
-    valid = torch.arange(out.shape[1], device=out.device)[None, :] < out_lens[:, None]
-    d = (out.float() - ref.float()).abs()[valid]
-    return float(d.max() / ref.float().abs()[valid].max())
+    n_mels: int
+    window: int = 0
+
+    def inputs(self, req, dtype, device, seed: int) -> tuple:
+        b, t, lens = req
+        g = torch.Generator().manual_seed(seed)
+        feats = torch.randn(b, self.window or t, self.n_mels, generator=g)
+        for i, n in enumerate(lens):  # padded frames are zeros, as a feature pipeline pads
+            feats[i, n:] = 0
+        if self.window:
+            return (feats.transpose(1, 2).contiguous().to(device=device, dtype=dtype),)
+        return feats.to(device=device, dtype=dtype), torch.tensor(lens, dtype=torch.int64, device=device)
+
+    def outputs(self, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, valid frames per batch row)."""
+        if self.window:
+            return out, torch.full((out.shape[0],), out.shape[1], device=out.device)
+        return out
+
+    def rel_err(self, out, ref: torch.Tensor) -> float:
+        """max |out - ref| / max |ref| over the valid frames."""
+        out, out_lens = self.outputs(out)
+        valid = torch.arange(out.shape[1], device=out.device)[None, :] < out_lens[:, None]
+        d = (out.float() - ref.float()).abs()[valid]
+        return float(d.max() / ref.float().abs()[valid].max())
 
 
 @contextlib.contextmanager
@@ -133,7 +156,7 @@ def floor_tier(floor_us: float, root) -> Path:
     return d
 
 
-def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, res: dict,
+def serve_all(variants: dict, iface: Interface, inputs: list, refs: list, mode: str, cuda: bool, res: dict,
               tiers: dict | None = None) -> dict:
     """Compile each variant once (dynamic=True) and warm it on the whole traffic (errors vs fp32); fills `res`,
     returns {name: compiled fn}. `tiers`: {name: user tier directory} for variants compiled under their own."""
@@ -163,9 +186,8 @@ def serve_all(variants: dict, inputs: list, refs: list, mode: str, cuda: bool, r
                 # the last pass
                 for _ in range(2 if mode == "reduce-overhead" else 1):
                     errs = []
-                    for (x, n), ref in zip(inputs, refs):
-                        out, out_lens = fn(x, n)
-                        errs.append(rel_err_valid(out, out_lens, ref))
+                    for args, ref in zip(inputs, refs):
+                        errs.append(iface.rel_err(fn(*args), ref))
                 if cuda:
                     torch.cuda.synchronize()
                 res["warm_pass_s"][name] = time.perf_counter() - t0
@@ -225,7 +247,7 @@ def hot_path_base(name: str) -> str | None:
     return None
 
 
-def add_hot_path_variants(fns: dict, names: list, inputs: list, refs: list, res: dict) -> None:
+def add_hot_path_variants(fns: dict, names: list, iface: Interface, inputs: list, refs: list, res: dict) -> None:
     """`<base>-cpp` (`-cpp-nolnq`) for each requested base variant compiled: its function under the hot path, warmed
     on the traffic (each call key's first call installs its plan) with its errors vs fp32 recorded."""
     from oasr_ops.families.hot_path import OPS
@@ -239,7 +261,7 @@ def add_hot_path_variants(fns: dict, names: list, inputs: list, refs: list, res:
         lnq_before = layer_norm_quant_calls()
         t0 = time.perf_counter()
         with torch.no_grad(), serving(fn):
-            errs = [rel_err_valid(*fn(x, n), ref) for (x, n), ref in zip(inputs, refs)]
+            errs = [iface.rel_err(fn(*args), ref) for args, ref in zip(inputs, refs)]
             torch.cuda.synchronize()
         res["warm_pass_s"][name] = time.perf_counter() - t0
         res.setdefault("layer_norm_quant_calls_per_request", {})[name] = \
@@ -261,10 +283,10 @@ def timed_rounds(fns: dict, inputs: list, rounds: int, res: dict, label: str = "
             for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
                 ts = []
                 with serving(fns[name]):
-                    for x, n in inputs:
+                    for args in inputs:
                         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         s.record()
-                        fns[name](x, n)
+                        fns[name](*args)
                         e.record()
                         e.synchronize()
                         ts.append(s.elapsed_time(e))
@@ -279,7 +301,7 @@ _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
                 "cudaGraphLaunch")
 
 
-def launch_profile(fn, x, n, calls: int, top: int = 25) -> dict:
+def launch_profile(fn, args: tuple, req, calls: int, top: int = 25) -> dict:
     """Where a call's time goes without CUDA graphs: per call, the kernel launches (runtime API calls), the GPU
     kernel time (torch.profiler), the wall time of `calls` back-to-back calls without the profiler (one sync at the
     end) and of one synchronous call; the ops with the most CPU time (oasr::* and aten::*, children included).
@@ -288,22 +310,22 @@ def launch_profile(fn, x, n, calls: int, top: int = 25) -> dict:
 
     with torch.no_grad():
         for _ in range(3):
-            fn(x, n)
+            fn(*args)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
-            fn(x, n)
+            fn(*args)
         torch.cuda.synchronize()
         pipelined = (time.perf_counter() - t0) / calls
         syncs = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            fn(x, n)
+            fn(*args)
             torch.cuda.synchronize()
             syncs.append(time.perf_counter() - t0)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
-                fn(x, n)
+                fn(*args)
             torch.cuda.synchronize()
     rows = prof.key_averages()
 
@@ -313,7 +335,7 @@ def launch_profile(fn, x, n, calls: int, top: int = 25) -> dict:
     launches = sum(e.count for e in rows if e.key in _LAUNCH_APIS)
     ops = sorted((e for e in rows if e.key.startswith(("oasr::", "aten::"))), key=lambda e: -e.cpu_time_total)
     kernels = sorted((e for e in rows if dev_us(e) > 0), key=lambda e: -dev_us(e))
-    return {"batch": int(x.shape[0]), "frames": int(x.shape[1]), "calls": calls,
+    return {"batch": req[0], "frames": req[1], "calls": calls,
             "wall_ms_pipelined": 1e3 * pipelined, "wall_ms_sync": 1e3 * statistics.median(syncs),
             "gpu_ms": sum(dev_us(e) for e in rows) / 1e3 / calls,
             "launches": launches / calls,
@@ -330,27 +352,27 @@ def cycle_profile(fn, inputs: list, cycles: int, top: int = 25) -> dict:
     ops with the most CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    def sync_ms(x, n) -> float:
+    def sync_ms(args) -> float:
         t0 = time.perf_counter()
-        fn(x, n)
+        fn(*args)
         torch.cuda.synchronize()
         return 1e3 * (time.perf_counter() - t0)
 
     with torch.no_grad():
-        for x, n in inputs:
-            fn(x, n)
+        for args in inputs:
+            fn(*args)
         torch.cuda.synchronize()
-        steady = [statistics.median(sync_ms(x, n) for _ in range(cycles)) for x, n in inputs]
+        steady = [statistics.median(sync_ms(args) for _ in range(cycles)) for args in inputs]
         m0 = torch.cuda.memory_stats()
         turns: list[list[float]] = [[] for _ in inputs]
         for _ in range(cycles):
-            for i, (x, n) in enumerate(inputs):
-                turns[i].append(sync_ms(x, n))
+            for i, args in enumerate(inputs):
+                turns[i].append(sync_ms(args))
         m1 = torch.cuda.memory_stats()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(2):
-                for x, n in inputs:
-                    fn(x, n)
+                for args in inputs:
+                    fn(*args)
                     torch.cuda.synchronize()
     rows = prof.key_averages()
     per = 2 * len(inputs)
@@ -358,7 +380,7 @@ def cycle_profile(fn, inputs: list, cycles: int, top: int = 25) -> dict:
     ops = sorted((e for e in rows if e.key.startswith(("oasr::", "aten::"))), key=lambda e: -e.cpu_time_total)
     delta = {k: m1.get(k, 0) - m0.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries",
                                                      "allocation.all.allocated", "segment.all.allocated")}
-    return {"shapes": [list(x.shape[:2]) for x, _ in inputs], "steady_ms": steady,
+    return {"shapes": [list(args[0].shape) for args in inputs], "steady_ms": steady,
             "in_turn_ms": [statistics.median(t) for t in turns], "cycles": cycles,
             "allocator_delta_per_request": {k: v / (cycles * len(inputs)) for k, v in delta.items()},
             "reserved_gb": torch.cuda.memory_reserved() / 2**30,
@@ -373,6 +395,9 @@ def main() -> int:
     p.add_argument("--model", default="examples.conformer:build_model")
     p.add_argument("--model-args", default="size=M")
     p.add_argument("--n-mels", type=int, default=80)
+    p.add_argument("--window", type=int, default=-1,
+                   help="a fixed input window in frames (Interface); default: the model module's "
+                        "FIXED_WINDOW_FRAMES if it has one (examples.whisper: 3000), else 0 (features, lengths)")
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--min-s", type=float, default=2.0)
@@ -404,16 +429,22 @@ def main() -> int:
     dev, cuda = a.device, a.device == "cuda"
     build, margs = _load(a.model), _kwargs(a.model_args)
     batches = [int(b) for b in a.batches.split(",")]
+    window = a.window if a.window >= 0 else getattr(sys.modules[build.__module__], "FIXED_WINDOW_FRAMES", 0)
+    if window and a.max_s * FRAMES_PER_S > window:
+        raise SystemExit(f"--max-s {a.max_s} is longer than the model's window of {window} frames")
+    iface = Interface(a.n_mels, window)
     reqs = traffic(a.requests, batches, a.min_s, a.max_s, a.bucket_frames, a.seed)
-    inputs = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 1000 + i) for i, r in enumerate(reqs)]
+    inputs = [iface.inputs(r, torch.float16, dev, a.seed + 1000 + i) for i, r in enumerate(reqs)]
     model = build(**margs, dtype=torch.float16, device=dev, seed=0).eval()
     ref_model = build(**margs, dtype=torch.float32, device=dev, seed=0).eval()
     with torch.no_grad():
-        refs = [ref_model(x.float(), n)[0].float() for x, n in inputs]
+        refs = [iface.outputs(ref_model(*(t.float() if t.is_floating_point() else t for t in args)))[0].float()
+                for args in inputs]
     del ref_model
-    print(f"traffic: {len(reqs)} requests, batches {batches}, padded frames "
-          f"{min(r[1] for r in reqs)}-{max(r[1] for r in reqs)}, {len({(r[0], r[1]) for r in reqs})} distinct shapes",
-          flush=True)
+    print(f"traffic: {len(reqs)} requests, batches {batches}, utterances of "
+          f"{min(min(r[2]) for r in reqs)}-{max(r[1] for r in reqs)} frames, "
+          f"{len({tuple(args[0].shape) for args in inputs})} distinct input shapes"
+          + (f" (the fixed window: {window} frames)" if window else ""), flush=True)
 
     variants: dict = {}
     names = a.variants.split(",")
@@ -424,7 +455,7 @@ def main() -> int:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
     if "int8" in wanted or "int8-ln" in wanted:
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
-        calib = [make_inputs(r, a.n_mels, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
+        calib = [iface.inputs(r, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
         q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
         oasr_ops.calibrate(q, calib)
@@ -458,17 +489,17 @@ def main() -> int:
     # on every call would be recorded in the timed path (--always-warnings-round measures what that costs).
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        fns = serve_all(variants, inputs, refs, a.mode, cuda, res, tiers)
+        fns = serve_all(variants, iface, inputs, refs, a.mode, cuda, res, tiers)
         if cuda:
-            add_hot_path_variants(fns, names, inputs, refs, res)
+            add_hot_path_variants(fns, names, iface, inputs, refs, res)
         for name in [n for n in fns if n not in names]:  # a base compiled only for its -cpp variant: not timed
             del fns[name]
         if cuda and tiers:  # each tier switch started a new DB epoch: plans are re-made once, here, not timed
             with torch.no_grad():
                 for fn in fns.values():
                     with serving(fn):
-                        for x, n in inputs:
-                            fn(x, n)
+                        for args in inputs:
+                            fn(*args)
             torch.cuda.synchronize()
     if cuda:
         timed_rounds(fns, inputs, a.rounds, res)
@@ -500,7 +531,7 @@ def main() -> int:
         res["launch_profile"] = {}
         for n, fn in fns.items():
             with serving(fn):
-                res["launch_profile"][n] = [launch_profile(fn, *inputs[i], a.launch_profile) for i in picks]
+                res["launch_profile"][n] = [launch_profile(fn, inputs[i], reqs[i], a.launch_profile) for i in picks]
         for n, lps in res["launch_profile"].items():
             for lp in lps:
                 print(f"{n} B={lp['batch']} T={lp['frames']}: wall {lp['wall_ms_pipelined']:.2f} ms back to back, "
