@@ -24,6 +24,11 @@ window, so only the batch size varies, and its error counts every output positio
               regions_eager re-derived at a launch-bound floor of F us (`oasr tune serving-regions --seed-from system
               --floor-us F`; the shipped floor is 19 us, 8 before session 17): the A/B of that floor within one
               process (the other variants compile under the tiers the environment names)
+  <base>-frz  (fp16-frz, fp16-oasr-frz, int8-frz, int8-ln-frz) the base variant compiled with Inductor's freezing
+              (options={"freezing": True}: parameters become constants, so per-call transforms of weights — the
+              BatchNorm folds, the act-quant GEMMs' fp32 bias casts, sibling weight concatenations — are folded at
+              compile time instead of launching kernels on every call; the parameters must not change afterwards).
+              fp16-frz is the baseline for a frozen variant: Inductor with freezing too
   <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the
               C++ hot path (gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) on
               (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes; a base
@@ -70,6 +75,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
 FRAMES_PER_S = 100
+FROZEN = "-frz"  # a variant compiled with Inductor's freezing (module docstring)
 
 
 def traffic(n: int, batches: list[int], min_s: float, max_s: float, bucket: int, seed: int
@@ -172,7 +178,10 @@ def serve_all(variants: dict, iface: Interface, inputs: list, refs: list, mode: 
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             before = graphs()
-            kw = {"mode": mode} if backend == "inductor" else {"options": {**opts, "mode": mode}}
+            if backend != "inductor":
+                kw = {"options": {**opts, "mode": mode}}
+            else:  # torch.compile takes mode or options, not both: the mode's own options, then the variant's
+                kw = {"options": {**torch._inductor.list_mode_options(mode), **opts}} if opts else {"mode": mode}
             fn = torch.compile(m, backend=backend, dynamic=True, **kw)
             with user_tier((tiers or {}).get(name)):
                 t0 = time.perf_counter()
@@ -301,7 +310,7 @@ _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
                 "cudaGraphLaunch")
 
 
-def launch_profile(fn, args: tuple, req, calls: int, top: int = 25) -> dict:
+def launch_profile(fn, args: tuple, shape: tuple[int, int], calls: int, top: int = 25) -> dict:
     """Where a call's time goes without CUDA graphs: per call, the kernel launches (runtime API calls), the GPU
     kernel time (torch.profiler), the wall time of `calls` back-to-back calls without the profiler (one sync at the
     end) and of one synchronous call; the ops with the most CPU time (oasr::* and aten::*, children included).
@@ -335,7 +344,7 @@ def launch_profile(fn, args: tuple, req, calls: int, top: int = 25) -> dict:
     launches = sum(e.count for e in rows if e.key in _LAUNCH_APIS)
     ops = sorted((e for e in rows if e.key.startswith(("oasr::", "aten::"))), key=lambda e: -e.cpu_time_total)
     kernels = sorted((e for e in rows if dev_us(e) > 0), key=lambda e: -dev_us(e))
-    return {"batch": req[0], "frames": req[1], "calls": calls,
+    return {"batch": shape[0], "frames": shape[1], "calls": calls,
             "wall_ms_pipelined": 1e3 * pipelined, "wall_ms_sync": 1e3 * statistics.median(syncs),
             "gpu_ms": sum(dev_us(e) for e in rows) / 1e3 / calls,
             "launches": launches / calls,
@@ -448,9 +457,11 @@ def main() -> int:
 
     variants: dict = {}
     names = a.variants.split(",")
-    if "fp16" in names:
-        variants["fp16"] = (copy.deepcopy(model), "inductor", None)
-    wanted = set(names) | {hot_path_base(n) for n in names if hot_path_base(n)}  # a -cpp variant's base compiles
+    requested = set(names) | {hot_path_base(n) for n in names if hot_path_base(n)}  # a -cpp variant's base compiles
+    frozen = {n for n in requested if n.endswith(FROZEN)}
+    wanted = requested | {n[:-len(FROZEN)] for n in frozen}  # a frozen variant's base defines it
+    if "fp16" in wanted:
+        variants["fp16"] = (copy.deepcopy(model), "inductor", {})
     if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
     if "int8" in wanted or "int8-ln" in wanted:
@@ -479,6 +490,11 @@ def main() -> int:
                 raise SystemExit(f"--variants: {base}-graph-regions needs {base} too")
             m, backend, opts = variants[base]
             variants[f"{base}-graph-regions"] = (copy.deepcopy(m), backend, {**opts, "eager_regions": False})
+    for name in sorted(frozen):
+        m, backend, opts = variants[name[:-len(FROZEN)]]
+        variants[name] = (copy.deepcopy(m), backend, {**opts, "freezing": True})
+    for name in [n for n in variants if n not in requested]:
+        del variants[name]  # a base only needed to define its frozen variant: neither compiled nor timed
     res: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                  "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model, "model_args": margs, "mode": a.mode,
                  "requests": [[b, t, lens] for b, t, lens in reqs], "bucket_frames": a.bucket_frames,
@@ -531,7 +547,8 @@ def main() -> int:
         res["launch_profile"] = {}
         for n, fn in fns.items():
             with serving(fn):
-                res["launch_profile"][n] = [launch_profile(fn, inputs[i], reqs[i], a.launch_profile) for i in picks]
+                res["launch_profile"][n] = [launch_profile(fn, inputs[i], (reqs[i][0], window or reqs[i][1]), a.launch_profile)
+                                        for i in picks]
         for n, lps in res["launch_profile"].items():
             for lp in lps:
                 print(f"{n} B={lp['batch']} T={lp['frames']}: wall {lp['wall_ms_pipelined']:.2f} ms back to back, "
