@@ -25,10 +25,11 @@ window, so only the batch size varies, and its error counts every output positio
               --floor-us F`; the shipped floor is 19 us, 8 before session 17): the A/B of that floor within one
               process (the other variants compile under the tiers the environment names)
   <base>-frz  (fp16-frz, fp16-oasr-frz, int8-frz, int8-ln-frz) the base variant compiled with Inductor's freezing
-              (options={"freezing": True}: parameters become constants, so per-call transforms of weights — the
-              BatchNorm folds, the act-quant GEMMs' fp32 bias casts, sibling weight concatenations — are folded at
-              compile time instead of launching kernels on every call; the parameters must not change afterwards).
-              fp16-frz is the baseline for a frozen variant: Inductor with freezing too
+              (torch._inductor.config.freezing set while it compiles and warms up; the option {"freezing": True}
+              as well, only to keep its compiled code its own): parameters become constants, so per-call transforms
+              of weights (the BatchNorm folds, the act-quant GEMMs' fp32 bias casts, sibling weight concatenations)
+              are folded at compile time instead of launching kernels on every call; the parameters must not change
+              afterwards. fp16-frz is the baseline for a frozen variant: Inductor with freezing too
   <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the
               C++ hot path (gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) on
               (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes; a base
@@ -183,7 +184,11 @@ def serve_all(variants: dict, iface: Interface, inputs: list, refs: list, mode: 
             else:  # torch.compile takes mode or options, not both: the mode's own options, then the variant's
                 kw = {"options": {**torch._inductor.list_mode_options(mode), **opts}} if opts else {"mode": mode}
             fn = torch.compile(m, backend=backend, dynamic=True, **kw)
-            with user_tier((tiers or {}).get(name)):
+            # Freezing is read from the global config when Dynamo traces (an option alone freezes nothing: the
+            # backend warns); the option stays in `kw` so that this variant's compiled code is its own
+            frozen = torch._inductor.config.patch(freezing=True) if opts and opts.get("freezing") else \
+                contextlib.nullcontext()
+            with user_tier((tiers or {}).get(name)), frozen:
                 t0 = time.perf_counter()
                 fn(*inputs[0])
                 if cuda:

@@ -455,3 +455,39 @@ def test_without_cuda_graphs_hot_path_off_or_unavailable(monkeypatch):
     monkeypatch.setattr(hot_path, "enabled", lambda: "CUDA")
     (msg,) = warned()
     assert "run on the C++ hot path" in msg
+
+
+def test_freezing_option_warns_and_global_freezing_folds(monkeypatch):
+    """options={"freezing": True} cannot freeze (Dynamo decides at trace time, from the global config): one warning
+    saying so, the same result; the global config freezes through backend="oasr" (parameters become constants)."""
+    import warnings
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from oasr_ops.inductor import backend as be
+    from oasr_ops.runtime.plans import WarnOnce
+
+    monkeypatch.setattr(be, "_warn_once", WarnOnce())
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = m(x)
+
+    def compiled(**kw) -> tuple[torch.Tensor, str, list[str]]:
+        torch.compiler.reset()
+        with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+            warnings.simplefilter("always")
+            out, code = run_and_get_code(torch.compile(m, backend=be.oasr_backend, **kw), x)
+        return out, "\n".join(code), [str(w.message) for w in seen if "freezing" in str(w.message)]
+
+    out, code, said = compiled(options={"freezing": True})
+    assert len(said) == 1 and "torch._inductor.config.freezing = True" in said[0]
+    assert "_frozen_param" not in code
+    torch.testing.assert_close(out, ref)
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    out, code, said = compiled()
+    assert said == [] and "_frozen_param" in code
+    torch.testing.assert_close(out, ref)
+    torch.compiler.reset()

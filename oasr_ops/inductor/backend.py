@@ -39,6 +39,8 @@ non-default):
 * ``options={"cpp_hot_path": False}``: keep the oasr ops on their Python implementations when compiling without
   CUDA graphs (below; default True).
 * ``options={"eager_regions": False}``: bake the same configs without CUDA graphs as with them (below; default True).
+* ``options={"freezing": True}``: freezes nothing (Dynamo makes parameters graph constants only under the global
+  ``torch._inductor.config.freezing``, read while it traces): dropped with one warning that says so.
 
 Without CUDA graphs (no ``reduce-overhead`` mode, no ``triton.cudagraphs``) a graph on CUDA tensors bakes the
 tuning DB's ``regions_eager`` where an entry has them (tune/serving_regions.py: where the graph table serves cuBLAS
@@ -129,6 +131,20 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
                'graphs")')
 
 
+def _check_freezing(opts: dict[str, Any]) -> None:
+    """``options={"freezing": True}`` cannot freeze: Dynamo decides whether parameters become graph constants while
+    it traces (`torch._dynamo.utils.is_parameter_freezing`, torch 2.11-2.13), before any backend sees the graph, and
+    it reads the global config; as an option Inductor then folds nothing (measured: the same kernel launches per
+    call). The option is dropped with one warning naming what works."""
+    import torch._inductor.config as inductor_config
+
+    if opts.pop("freezing", False) and not inductor_config.freezing:
+        _warn_once("freezing-option",
+                   'backend="oasr": options={"freezing": True} has no effect (Dynamo decides whether parameters '
+                   "become constants when it traces, from the global config, before the backend runs); set "
+                   "torch._inductor.config.freezing = True before compiling, under torch.no_grad()")
+
+
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
                  options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """Dynamo backend: (optional prewarm / strict check) -> Inductor with the oasr rewrite pass."""
@@ -185,6 +201,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
             from ..tune.prewarm import prewarm_graph
 
             prewarm_graph(gm, example_inputs, tuning)
+    _check_freezing(opts)
     cpp_hot_path = bool(opts.pop("cpp_hot_path", True))
     eager_regions = opts.pop("eager_regions", True)
     if not isinstance(eager_regions, bool):
