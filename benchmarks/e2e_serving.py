@@ -552,8 +552,8 @@ def main() -> int:
         res["launch_profile"] = {}
         for n, fn in fns.items():
             with serving(fn):
-                res["launch_profile"][n] = [launch_profile(fn, inputs[i], (reqs[i][0], window or reqs[i][1]), a.launch_profile)
-                                        for i in picks]
+                res["launch_profile"][n] = [
+                    launch_profile(fn, inputs[i], (reqs[i][0], window or reqs[i][1]), a.launch_profile) for i in picks]
         for n, lps in res["launch_profile"].items():
             for lp in lps:
                 print(f"{n} B={lp['batch']} T={lp['frames']}: wall {lp['wall_ms_pipelined']:.2f} ms back to back, "
