@@ -486,8 +486,9 @@ def test_freezing_option_warns_and_global_freezing_folds(monkeypatch):
     assert len(said) == 1 and "torch._inductor.config.freezing = True" in said[0]
     assert "_frozen_param" not in code
     torch.testing.assert_close(out, ref)
-    monkeypatch.setattr(inductor_config, "freezing", True)
-    out, code, said = compiled()
+    with inductor_config.patch(freezing=True):  # (monkeypatch would delete the config entry when it undoes)
+        out, code, said = compiled()
     assert said == [] and "_frozen_param" in code
     torch.testing.assert_close(out, ref)
     torch.compiler.reset()
+    assert inductor_config.freezing is False  # restored for the tests after this one
