@@ -1,8 +1,9 @@
 """Prebuild the fused-quantization kernels the GPU steps load (issue 15), which `oasr tune prebuild` does not plan
 yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel serially on first use:
 
-* the `int8_gelu` / `int8_silu` epilogue variants (`--acts`) of the tiles the act-quant sites resolve to on sm90
-  (`act_quant.select_act_quant_config` at the Conformer M and Whisper-small FFN shapes) plus the lane default;
+* the `int8_gelu` / `int8_silu` epilogue variants (`--acts`; fp32 bias and the fp16 models' bias) of the tiles
+  the act-quant sites resolve to on sm90 (`act_quant.select_act_quant_config` at the Conformer M and
+  Whisper-small FFN shapes) plus the lane default;
 * `layer_norm_quant`: every config, fp16 and bf16, int8 and fp8 (`--lnq all`, the GPU tests), or only the configs
   `AUTO_BY_WIDTH` serves at the encoders' widths, fp16, int8 (and fp8 with `--fp8-acts`) (`--lnq auto`, the e2e
   runs);
@@ -29,6 +30,7 @@ import itertools
 import torch
 
 import oasr_ops  # noqa: F401  (registers the families)
+from oasr_ops.codegen.emit_int8 import act_variant
 from oasr_ops.codegen.jit import JitSpec, build_many
 from oasr_ops.codegen.render_layer_norm_quant import THREADS_PER_ROW, VECS, LnqConfig
 from oasr_ops.families.layer_norm_quant.kernels import spec_for
@@ -103,7 +105,9 @@ def main() -> int:
     ids = {lane.default.id} | {select_act_quant_config(n, k, m, "sm90").config for n, k, m in ACT_SITES}
     ids = {c for c in ids if c in lane.ids()}
     acts = [s for s in a.acts.split(",") if s]
-    specs += [JitSpec.for_kernel(lane, lane.get(c), f"int8_{act}", "sm90") for c in sorted(ids) for act in acts]
+    # fp32 bias (or none) and the fp16 models' bias the fusion pass passes as it is
+    specs += [JitSpec.for_kernel(lane, lane.get(c), act_variant(act, bias), "sm90") for c in sorted(ids)
+              for act in acts for bias in (None, "fp16")]
     if a.residual:
         from oasr_ops.families.scaled_mm.residual import select_residual_config
 
@@ -118,7 +122,7 @@ def main() -> int:
             print(f"no family {fam!r} here: skipped", flush=True)
             continue
         if prebuild is not None:
-            specs += prebuild("sm90", dtypes=("fp16",))
+            specs += prebuild("sm90", all_=False, dtypes=("fp16",))
     specs += fp8_specs([s for s in a.fp8_acts.split(",") if s], a.fp8_tiles, a.fp8_fp16)
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)

@@ -289,6 +289,15 @@ bool vec_ok(const at::Tensor& t, int64_t full, const at::Device& device) {
          t.device() == device && t.is_contiguous();
 }
 
+// The bias field of a scaled_mm_act_quant key (families/scaled_mm/act_quant.py `_BIAS_CODES`): its kernels read an
+// fp32, fp16 or bf16 bias (a kernel variant each); -1: none of them.
+int64_t act_quant_bias_code(at::ScalarType t) {
+  if (t == at::kFloat) return 1;
+  if (t == at::kHalf) return 2;
+  if (t == at::kBFloat16) return 3;
+  return -1;
+}
+
 // One hit path for scaled_mm, scaled_mm_quant, scaled_mm_act_quant and scaled_mm_residual. `variant` is what their
 // Python plan key holds beside the shape: the out dtype (scaled_mm, scaled_mm_residual), the activation
 // (scaled_mm_act_quant), nothing (scaled_mm_quant). `extra`: out_scale (quantizing ops) or the residual.
@@ -310,10 +319,12 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
   if (m == 0 || !vec_ok(scale_a, m, device) || !vec_ok(scale_w, n, device)) return std::nullopt;
   const bool quant = op == kScaledMmQuant || op == kScaledMmActQuant;
   const bool has_bias = bias.has_value() && bias->defined();
+  int64_t bias_code = 0;  // the key's bias field: 0 none, 1 a bias (of the op's one bias dtype), or act-quant's code
   if (has_bias) {
     const at::Tensor& b = *bias;
-    if (b.scalar_type() != (quant ? at::kFloat : out_dtype) || b.dim() != 1 || b.size(0) != n ||
-        b.device() != device || !b.is_contiguous()) {
+    bias_code = op == kScaledMmActQuant ? act_quant_bias_code(b.scalar_type())
+                                        : (b.scalar_type() == (quant ? at::kFloat : out_dtype) ? 1 : -1);
+    if (bias_code < 0 || b.dim() != 1 || b.size(0) != n || b.device() != device || !b.is_contiguous()) {
       return std::nullopt;
     }
   }
@@ -327,7 +338,7 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
     }
     if (!std::isfinite(alpha) || std::abs(alpha) > static_cast<double>(FLT_MAX)) return std::nullopt;
   }
-  PlanKey key{op, std::string(config), {variant, m, n, k, has_bias, device_code(device)}};
+  PlanKey key{op, std::string(config), {variant, m, n, k, bias_code, device_code(device)}};
   auto found = find_plan(key);
   if (!found || found->arm != kKernel) return std::nullopt;
   const int64_t ws_bytes = found->params[0];

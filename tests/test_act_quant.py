@@ -63,8 +63,21 @@ def test_fake_and_checks():
         assert out.shape == (2, 4, 32) and out.dtype == torch.int8
     with pytest.raises(ValueError, match="activation must be one of"):
         oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "relu")
-    with pytest.raises(ValueError, match="bias must have dtype torch.float32"):
-        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias.half())
+    with pytest.raises(ValueError, match="bias must be float32, float16 or bfloat16, got torch.float64"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias.double())
+    with pytest.raises(ValueError, match=r"bias must have shape \(32,\)"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias[:16].half())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_16bit_bias_gives_the_result_of_its_fp32_copy(dtype):
+    """A 16-bit bias (what the fusion pass passes) is read as it is and converted exactly: the same int8 output as
+    the fp32 copy of it, and as the float64 formula."""
+    a, w, sa, sw, bias = _operands(17, 64, 96, 11)
+    b16, out_scale = (bias * 4).to(dtype), torch.tensor([0.02])
+    q = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, "gelu", bias=b16)
+    assert torch.equal(q, oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, "gelu", bias=b16.float()))
+    assert (q.int() - _expected(a, w, sa, sw, b16.float(), out_scale, "gelu").int()).abs().max() <= 1
     with pytest.raises(ValueError, match="finite and > 0"):
         oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.zeros(1), "gelu")
     with pytest.raises(ValueError, match="out_scale must have shape"):
@@ -92,8 +105,18 @@ def test_activation_variants_render_their_branch_and_leave_the_others_alone(lane
             assert "using Activated" in src and "struct Act" in src
             assert ("erff" in src) == (act == "gelu") and ("expf(-x)" in src) == (act == "silu")
             assert src.count("QuantRn") == plain.count("QuantRn")
+        # a 16-bit bias is the one difference of the _<dtype>bias variants (the element the broadcast reads)
+        for suffix, element in (("_fp16bias", "cutlass::half_t"), ("_bf16bias", "cutlass::bfloat16_t")):
+            other = render(lane, cfg, f"int8_{act}{suffix}")
+            diff = [(x, y) for x, y in zip(src.splitlines(), other.splitlines()) if x != y]
+            assert len(src.splitlines()) == len(other.splitlines())
+            assert ("using ElementBias = float;", f"using ElementBias = {element};") in diff
+            assert all(x == y.replace(f"int8_{act}{suffix}", f"int8_{act}") for x, y in diff
+                       if not x.startswith("using ElementBias")), diff
     with pytest.raises(ValueError, match="not supported"):
         render(lane, cfg, "fp16_gelu")
+    with pytest.raises(ValueError, match="not supported"):
+        render(lane, cfg, "int8_gelu_fp32bias")
 
 
 def test_rewrite_bakes_the_act_quant_config():

@@ -48,6 +48,8 @@ def _assert_fused_ffn(graph, act):
     lnq, = _calls(graph, OPS.layer_norm_quant)
     aq, = _calls(graph, OPS.scaled_mm_act_quant)
     assert aq.args[6] == act
+    # fc1's 16-bit bias goes to the kernel as it is (no fp32 cast kernel per call)
+    assert aq.args[4].op in ("placeholder", "get_attr"), aq.args[4].format_node()
     assert lnq in _ancestors(aq)  # fc1 reads the LayerNorm's int8 row and scale
     fc2 = [n for n in _calls(graph, OPS.scaled_mm) if aq in n.all_input_nodes]
     assert len(fc2) == 1 and fc2[0].args[0] is aq  # fc2 reads fc1's int8 output directly

@@ -10,6 +10,8 @@ calls to Python (its errors, its misaligned fallback).
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,7 +211,8 @@ def test_backend_switches_it_on_without_cuda_graphs():
 
 INT8_MS = (1, 7, 16, 17, 127, 1000)
 INT8_NKS = ((2048, 512), (512, 2048), (768, 256))
-INT8_VARIANTS = ("fp16", "bf16", "int8", "int8_gelu", "int8_silu", "fp16_res", "bf16_res")
+INT8_VARIANTS = ("fp16", "bf16", "int8", "int8_gelu", "int8_silu", "int8_gelu_fp16bias", "int8_silu_fp16bias",
+                 "int8_gelu_bf16bias", "int8_silu_bf16bias", "fp16_res", "bf16_res")
 
 
 @pytest.fixture(scope="module")
@@ -311,10 +314,12 @@ def test_int8_gemms_cpp_answers_equal_python(hot_all):
                         for out_scale in (torch.full((1,), 4 / 127).cuda(), per_row):
                             cases.append((o.scaled_mm_quant.default, (a, w, sa, sw, b32, out_scale, tile), torch.int8,
                                           S.reference_scaled_mm_quant(a, w, sa, sw, b32, out_scale)))
-                            for act in ("gelu", "silu"):
+                            # act-quant: the fp32 bias and a 16-bit model's own (its int8_<act>_<dtype>bias kernels)
+                            for act, bias in itertools.product(("gelu", "silu"), (b32, b32.half(), b32.bfloat16())
+                                                               if with_bias else (None,)):
                                 cases.append((o.scaled_mm_act_quant.default,
-                                              (a, w, sa, sw, b32, out_scale, act, tile), torch.int8,
-                                              act_quant.reference_scaled_mm_act_quant(a, w, sa, sw, b32, out_scale,
+                                              (a, w, sa, sw, bias, out_scale, act, tile), torch.int8,
+                                              act_quant.reference_scaled_mm_act_quant(a, w, sa, sw, bias, out_scale,
                                                                                       act)))
                         for fn, args, dt, ref in cases:
                             first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)

@@ -22,6 +22,7 @@ import oasr_ops  # noqa: E402
 from _act_envelope import assert_in_envelope, int8_envelope, kernel_error, log_envelope  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.codegen.render_layer_norm_quant import SPACE  # noqa: E402
+from oasr_ops.codegen.emit_int8 import act_variant  # noqa: E402
 from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
 from oasr_ops.families.layer_norm_quant.ops import reference_layer_norm_quant  # noqa: E402
 from oasr_ops.families.scaled_mm.act_quant import (apply_activation, epilogue_fma_fp32,  # noqa: E402
@@ -44,7 +45,8 @@ def _built():
     arch = cuda_arch_of(DEV)
     specs = [spec_for(c, dt, sch, arch) for c in SPACE for dt in (torch.float16, torch.bfloat16)
              for sch in ("int8", "fp8")]
-    specs += [JitSpec.for_kernel(SMM_LANE, c, f"int8_{a}", ARCH) for a in ("gelu", "silu") for c in ACT_TILES]
+    specs += [JitSpec.for_kernel(SMM_LANE, c, act_variant(a, b), ARCH) for a in ("gelu", "silu") for c in ACT_TILES
+              for b in (None, "fp16", "bf16")]
     rep = build_many(specs, progress=False)
     print(rep.summary(), flush=True)
     assert not rep.failed, rep.summary()
@@ -209,6 +211,29 @@ def test_scaled_mm_act_quant_every_tile_over_the_activation_range(act, cfg):
         _poison()
         got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, act, bias=b, config=cfg)
         _check_act_quant(got, a, w, sa, sw, b, out_scale, act, f"{act} {cfg} out_scale={out_scale[:1].item():.3g}")
+
+
+@pytest.mark.parametrize("bias_dtype", (torch.float16, torch.bfloat16), ids=("fp16", "bf16"))
+@pytest.mark.parametrize("act", ("gelu", "silu"))
+@pytest.mark.parametrize("cfg", [c.id for c in ACT_TILES])
+def test_scaled_mm_act_quant_reads_a_16bit_bias_as_its_fp32_copy(bias_dtype, act, cfg):
+    """The ``int8_<act>_<dtype>bias`` kernels (what the fusion pass calls with a 16-bit model's bias): bitwise the
+    fp32-bias kernel's output on ``bias.float()``, inside the reference's envelope, every odd M."""
+    n, k = 1024, 256
+    g = torch.Generator(device=DEV).manual_seed(11)
+    w = torch.randint(-127, 128, (n, k), device=DEV, dtype=torch.int8, generator=g)
+    sw = torch.rand(n, device=DEV, generator=g) * 2e-3 + 1e-4
+    b16 = (torch.randn(n, device=DEV, generator=g) * 3).to(bias_dtype)
+    for m in (1, 7, 17, 127, 1000):
+        a = torch.randint(-127, 128, (m, k), device=DEV, dtype=torch.int8, generator=g)
+        sa = torch.rand(m, device=DEV, generator=g) * 2e-3 + 1e-4
+        s = torch.tensor([0.05], device=DEV)
+        _poison()
+        got = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, s, act, bias=b16, config=cfg)
+        _poison()
+        want = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, s, act, bias=b16.float(), config=cfg)
+        assert torch.equal(got, want), f"{cfg} {act} {bias_dtype} M={m}"
+        _check_act_quant(got, a, w, sa, sw, b16.float(), s, act, f"{act} {cfg} {bias_dtype} bias M={m}")
 
 
 def test_scaled_mm_act_quant_under_cuda_graph_capture():

@@ -12,8 +12,11 @@ K x N operand), D row-major M x N; int32 accumulation.
 
 Kernel "dtype" of this family = the output: ``fp16`` / ``bf16`` (op `scaled_mm`) or ``int8`` (op
 `scaled_mm_quant`, the output divided by out_scale, rounded half-to-even and saturated to int8), or a variant of
-them: ``int8_<act>`` (op `scaled_mm_act_quant`) and ``<fp16|bf16>_res`` (op `scaled_mm_residual`: the residual
-read as the GEMM's C operand, ``out = residual + alpha * y``; sm90 lane only, data-parallel tiles only).
+them: ``int8_<act>`` (op `scaled_mm_act_quant`, an fp32 bias), ``int8_<act>_<fp16|bf16>bias`` (the same op with
+the bias of a 16-bit model read as it is: the broadcast converts it to fp32 exactly, so the result is bitwise the
+fp32-bias variant's on ``bias.float()``, without a cast kernel per call) and ``<fp16|bf16>_res`` (op
+`scaled_mm_residual`: the residual read as the GEMM's C operand, ``out = residual + alpha * y``; sm90 lane only,
+data-parallel tiles only).
 """
 from __future__ import annotations
 
@@ -32,7 +35,12 @@ ACTIVATIONS = ("gelu", "silu")
 # Residual variants (op `scaled_mm_residual`): ``<fp16|bf16>_res``, the residual stream added in the epilogue.
 RESIDUAL_SUFFIX = "_res"
 RESIDUAL_VARIANTS = tuple(f"{d}{RESIDUAL_SUFFIX}" for d in ("fp16", "bf16"))
-VARIANTS = OUT_DTYPES + tuple(f"int8_{a}" for a in ACTIVATIONS) + RESIDUAL_VARIANTS
+# The act-quant variants' bias element by suffix ("": fp32, the op's original contract; a 16-bit model's bias is read
+# as it is, which saves the fusion pass a `bias.float()` kernel per call).
+ACT_BIAS_SUFFIX = {"fp32": "", "fp16": "_fp16bias", "bf16": "_bf16bias"}
+_ACT_BIAS_ELEMENT = {"": "float", "_fp16bias": "cutlass::half_t", "_bf16bias": "cutlass::bfloat16_t"}
+ACT_VARIANTS = tuple(f"int8_{a}{b}" for a in ACTIVATIONS for b in _ACT_BIAS_ELEMENT)
+VARIANTS = OUT_DTYPES + ACT_VARIANTS + RESIDUAL_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "int8": 16}  # 128-bit stores
 _OPERAND_ALIGN = 16  # int8 elements per 128-bit load
@@ -170,16 +178,27 @@ def emit_visitor_kernel(op: GemmOperation, epilogue_type: str) -> EmittedKernel:
     return EmittedKernel(name, definition, includes)
 
 
+def act_variant(activation: str, bias: str | None) -> str:
+    """The kernel variant of one `scaled_mm_act_quant` call: its activation and its bias's element, ``fp32`` /
+    ``fp16`` / ``bf16`` (None, no bias: the fp32 variant, whose bias pointer is then null)."""
+    return f"int8_{activation}{ACT_BIAS_SUFFIX[bias or 'fp32']}"
+
+
 def render_scaled_mm(lane, config: Config, variant: str) -> str:
     """The full translation unit of one scaled_mm kernel (`render.render` dispatches here by lane family).
-    `variant`: an output dtype, ``int8_<act>`` (activation, then quantization) or ``<fp16|bf16>_res`` (residual
-    add); each variant is a branch of the template of its own, the plain variants render byte-identically."""
+    `variant`: an output dtype, ``int8_<act>[_<fp16|bf16>bias]`` (activation, then quantization) or
+    ``<fp16|bf16>_res`` (residual add); each variant is a branch of the template of its own, the plain variants
+    render byte-identically."""
     if variant not in VARIANTS:
         raise ValueError(f"dtype {variant!r} not supported by {lane.name} (variants {', '.join(VARIANTS)})")
     residual = variant in RESIDUAL_VARIANTS
     dtype, _, act = variant.partition("_")
+    element_bias = ELEMENT_BIAS[dtype]
     if residual:
         act = ""
+    elif act:
+        act, _, bias = act.partition("_")
+        element_bias = _ACT_BIAS_ELEMENT[f"_{bias}" if bias else ""]
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if dtype == "int8" and config.kernel_schedule == "streamk":
@@ -202,7 +221,7 @@ def render_scaled_mm(lane, config: Config, variant: str) -> str:
         act_math=ACT_MATH,
         residual=residual,
         element_d=ELEMENT_D[dtype],
-        element_bias=ELEMENT_BIAS[dtype],
+        element_bias=element_bias,
         tile=list(config.tile),
         warp=list(config.warp or (0, 0, 0)),
         d_align=_D_ALIGN[dtype],

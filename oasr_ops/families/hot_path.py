@@ -20,7 +20,8 @@ the C++ hit path builds them, and the launch constants of its plan (`run.native`
                       — arms: torch, torch with cuBLASLt's fused ReLU, kernel
   scaled_mm*          ints (variant, M, N, K, bias, device), variant = the out dtype (scaled_mm,
                       scaled_mm_residual), the activation code (scaled_mm_act_quant: gelu 2, silu 3), 0
-                      (scaled_mm_quant); params (workspace, scale/bias vector alignment, expand a per-tensor
+                      (scaled_mm_quant); bias = 0 or 1, for scaled_mm_act_quant 0 or its element's code (fp32 1,
+                      fp16 2, bf16 3); params (workspace, scale/bias vector alignment, expand a per-tensor
                       scale_w) — kernels only (the torch arms are Python reference code and stay there)
   conv1d_depthwise    ints (x dtype, w dtype, bias: -1 or (dtype, rank, sizes, device), x rank and sizes, w rank
                       and sizes, padding, layout code, activation code, glu, x device, w device); params (B, T, C,

@@ -139,8 +139,11 @@ def _fuse_act_quant(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: 
         config = gemm.args[6] if len(gemm.args) > 6 else "auto"
         out_scale = q.args[1]
         with g.inserting_before(q):
-            bias32 = g.call_method("float", (bias,)) if bias is not None else None
-            h = g.call_function(fused_op, (a, w, sa, sw, bias32, out_scale, act, config))
+            # the int8 act-quant kernels read the GEMM's 16-bit bias as it is; the fp8 ones an fp32 bias (a cast
+            # kernel per call unless the graph is frozen)
+            if bias is not None and fused_op is not torch.ops.oasr.scaled_mm_act_quant.default:
+                bias = g.call_method("float", (bias,))
+            h = g.call_function(fused_op, (a, w, sa, sw, bias, out_scale, act, config))
             h_rows = g.call_method("reshape", (h, -1, g.call_method("size", (h, -1))))
         items = _getitems(q)
         if 0 in items:

@@ -9,7 +9,9 @@ str activation, str config) -> Tensor``
         y = scale_a[:, None] * (scale_w[None, :] * float32(acc)) (+ bias);  q = sat_int8(rne(act(y) / out_scale))
 
     out_scale is the calibrated per-tensor scale of the next GEMM's input (`oasr_ops.calibrate`), shape [1]
-    (or [M]). Why static: a dynamic per-token scale needs the amax of a whole output row, which spans every
+    (or [M]). bias: ``[N]`` fp32, or fp16 / bf16 (a 16-bit model's own bias, read as it is by the
+    ``int8_<act>_<fp16|bf16>bias`` kernels and converted to fp32 exactly: the result is the same as with
+    ``bias.float()``, without a cast kernel per call — what the fusion pass passes). Why static: a dynamic per-token scale needs the amax of a whole output row, which spans every
     N-tile CTA of the GEMM (a cross-CTA reduction or a second pass); a calibrated scale needs neither.
 
 CUDA runs the ``int8_<activation>`` variant of the scaled_mm lanes' kernels (templates/sm90_scaled_mm.cu.j2 and
@@ -31,11 +33,16 @@ import torch
 
 from ..autograd import register_inference_op
 from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
+from ...codegen.emit_int8 import act_variant
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
 from . import checks, ops
 
 ACTIVATIONS = ("gelu", "silu")
+# The bias elements the kernels read (emit_int8.ACT_BIAS_SUFFIX), and the plan key's bias field: 0 without a bias,
+# else the element's code, as the C++ hot path computes it (templates/hot_path.cpp, `act_quant_bias_code`).
+BIAS_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_BIAS_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _lib = torch.library.Library("oasr", "FRAGMENT")
 _lib.define("scaled_mm_act_quant(Tensor a, Tensor w, Tensor scale_a, Tensor scale_w, Tensor? bias, "
             "Tensor out_scale, str activation, str config) -> Tensor", tags=(torch.Tag.needs_fixed_stride_order,))
@@ -85,7 +92,10 @@ def reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activ
 
 
 def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
-    checks._check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    checks._check("scaled_mm_quant", a, w, scale_a, scale_w, None, out_scale=out_scale)
+    if isinstance(bias, torch.Tensor) and bias.dtype not in BIAS_DTYPES:
+        raise ValueError(f"oasr.scaled_mm_act_quant: bias must be float32, float16 or bfloat16, got {bias.dtype}")
+    checks.check_bias("scaled_mm_act_quant", bias, getattr(bias, "dtype", None), w.shape[0], a)
     if activation not in ACTIVATIONS:
         raise ValueError(f"oasr.scaled_mm_act_quant: activation must be one of {ACTIVATIONS}, got {activation!r}")
     check_config_arg(config, "scaled_mm_quant")
@@ -137,7 +147,7 @@ def select_act_quant_config(n: int, k: int, m: int, arch: str | None = None) -> 
 _PLANS = PlanCache()
 
 
-def _make_plan(config: str, activation: str, m: int, n: int, k: int):
+def _make_plan(config: str, activation: str, bias_dtype: torch.dtype | None, m: int, n: int, k: int):
     arch = ops._current_arch(None) or "sm80"
     sig = ops.signature("scaled_mm_quant", n, k)
 
@@ -148,15 +158,19 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
                      select=lambda: select_act_quant_config(n, k, m, arch),
                      torch_run=torch_run,
                      kernel_run=lambda cfg: ops._kernel_run("scaled_mm_quant", cfg, None, m, n, k, arch, sig,
-                                                            variant=f"int8_{activation}",
+                                                            variant=act_variant(activation,
+                                                                                BIAS_DTYPES.get(bias_dtype)),
                                                             fallback=torch_run("torch")))
 
 
 def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     # the plan first; on a hit only what its key (config, activation, shape, DB epoch) does not fix is checked
     key = ops.plan_key("scaled_mm_act_quant", a, w, bias, config, activation)
+    bias_dtype = None if bias is None else bias.dtype
+    if key is not None and bias is not None:  # the bias field: its element's code (a kernel variant each)
+        key = (*key[:6], _BIAS_CODES.get(bias_dtype, -1), *key[7:])
     plan = None if key is None else _PLANS.plans.get(key)
-    if plan is None or not (checks.fast_ok(a, w, scale_a, scale_w, bias, torch.float32, key[3], key[4])
+    if plan is None or not (checks.fast_ok(a, w, scale_a, scale_w, bias, bias_dtype, key[3], key[4])
                             and checks._vec_ok(out_scale, key[3], a.device)):
         _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
         checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
@@ -167,7 +181,7 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
             ops.check_out_scale(out_scale)
             return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
         if plan is None:
-            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, bias_dtype, m, n, k))
     checked = ops.check_out_scale(out_scale)
     plan.calls += 1
     if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
