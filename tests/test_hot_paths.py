@@ -2,7 +2,8 @@
 benchmarks/host_overhead.py runs them) — the int8 GEMMs (families/scaled_mm: `ops.fast_ok`, used by scaled_mm,
 scaled_mm_quant, the act-quant and the residual GEMM) and the convs (their plan keys hold everything their checks
 read of the operands). Once a call has made its plan, a call with a bad operand still raises the full check's
-error — a hit only skips checks its key implies — and a good call after it runs the plan again. In a subprocess:
+error — a hit only skips checks its key implies — and a good call after it runs the plan again; a good operand of
+another kind (the act-quant's 16-bit bias) makes a plan of its own. In a subprocess:
 the stubs replace module globals."""
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ BAD = {  # (arg index, bad value from the good one, a word of the expected messa
     "scaled_mm_quant": [(5, lambda t: t.double(), "out_scale"), (5, lambda t: torch.ones(3), "out_scale"),
                         (5, lambda t: torch.zeros_like(t), "finite and > 0"), (1, noncontig, "contiguous")],
     "scaled_mm_act_quant": [(5, lambda t: t.half(), "out_scale"), (5, lambda t: torch.zeros_like(t), "finite and > 0"),
-                            (4, lambda t: t.half(), "bias"), (3, lambda t: torch.ones(7), "scale_w")],
+                            (4, lambda t: t.double(), "bias"), (4, lambda t: t[:-8].contiguous(), "bias"),
+                            (3, lambda t: torch.ones(7), "scale_w")],
     "scaled_mm_residual": [(5, lambda t: t.float(), "residual"), (5, lambda t: t[:-1].contiguous(), "residual"),
                            (5, noncontig, "contiguous"), (6, lambda a: float("nan"), "alpha"),
                            (2, lambda t: t.half(), "float32")],
@@ -71,6 +73,17 @@ with torch.no_grad():
                 raise AssertionError(f"{name}: a bad argument {i} ({word}) ran")
         out = impl(*args)
         assert out.shape[-1] == args[1].shape[0], name  # N for the GEMMs, C / Cout for the convs
+# Operands of another kind that are good: each makes a plan of its own (the act-quant's 16-bit bias variants)
+# and a call with the first plan's operands after them still runs.
+ALSO_GOOD = {"scaled_mm_act_quant": [(4, lambda t: t.half()), (4, lambda t: t.bfloat16())]}
+with torch.no_grad():
+    for name, good in ALSO_GOOD.items():
+        impl, args = cases[name]
+        for i, make in good:
+            other = list(args)
+            other[i] = make(args[i])
+            assert impl(*other).shape[-1] == args[1].shape[0], (name, i)
+        assert impl(*args).shape[-1] == args[1].shape[0], name
 print("ok", sum(len(b) for b in BAD.values()))
 '''
 
