@@ -11,8 +11,9 @@ str activation, str config) -> Tensor``
     out_scale is the calibrated per-tensor scale of the next GEMM's input (`oasr_ops.calibrate`), shape [1]
     (or [M]). bias: ``[N]`` fp32, or fp16 / bf16 (a 16-bit model's own bias, read as it is by the
     ``int8_<act>_<fp16|bf16>bias`` kernels and converted to fp32 exactly: the result is the same as with
-    ``bias.float()``, without a cast kernel per call — what the fusion pass passes). Why static: a dynamic per-token scale needs the amax of a whole output row, which spans every
-    N-tile CTA of the GEMM (a cross-CTA reduction or a second pass); a calibrated scale needs neither.
+    ``bias.float()``, without a cast kernel per call — what the fusion pass passes). Why static: a dynamic
+    per-token scale needs the amax of a whole output row, which spans every N-tile CTA of the GEMM (a cross-CTA
+    reduction or a second pass); a calibrated scale needs neither.
 
 CUDA runs the ``int8_<activation>`` variant of the scaled_mm lanes' kernels (templates/sm90_scaled_mm.cu.j2 and
 sm80, a template branch of its own; the other variants render byte-identically); CPU the reference below, which

@@ -3,9 +3,10 @@ every tile the heuristic answers) or its whole space, with fp16/bf16 output kern
 the quantizing (int8 output) variant. The production and whole-space sets also hold what a fused int8 deployment
 (`quantize_` + `fuse_quantization` / `fuse_residual`) loads, so a served process never compiles at run time: the
 act-quant epilogues (``int8_gelu`` / ``int8_silu`` with an fp32 bias or none, and ``int8_<act>_<dtype>bias`` for
-each requested dtype: what the fusion pass passes a 16-bit model's bias to) and the residual epilogues (``<dtype>_res``) of the
-data-parallel tiles (their selections, `act_quant.select_act_quant_config` and `residual.select_residual_config`,
-answer only production tiles: tests/test_prebuild_coverage.py) and the int8 `layer_norm_quant` kernels."""
+each requested dtype: what the fusion pass passes a 16-bit model's bias to) and the residual epilogues
+(``<dtype>_res``) of the data-parallel tiles (their selections, `act_quant.select_act_quant_config` and
+`residual.select_residual_config`, answer only production tiles: tests/test_prebuild_coverage.py) and the int8
+`layer_norm_quant` kernels."""
 from __future__ import annotations
 
 from ...codegen.emit_int8 import ACTIVATIONS, RESIDUAL_SUFFIX, act_variant
