@@ -67,6 +67,10 @@ def test_fake_and_checks():
         oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias.double())
     with pytest.raises(ValueError, match=r"bias must have shape \(32,\)"):
         oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(1), "gelu", bias=bias[:16].half())
+    with pytest.raises(ValueError, match="finite and > 0"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.zeros(1), "gelu")
+    with pytest.raises(ValueError, match="out_scale must have shape"):
+        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(32), "gelu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -78,10 +82,6 @@ def test_a_16bit_bias_gives_the_result_of_its_fp32_copy(dtype):
     q = oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, "gelu", bias=b16)
     assert torch.equal(q, oasr_ops.scaled_mm_act_quant(a, w, sa, sw, out_scale, "gelu", bias=b16.float()))
     assert (q.int() - _expected(a, w, sa, sw, b16.float(), out_scale, "gelu").int()).abs().max() <= 1
-    with pytest.raises(ValueError, match="finite and > 0"):
-        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.zeros(1), "gelu")
-    with pytest.raises(ValueError, match="out_scale must have shape"):
-        oasr_ops.scaled_mm_act_quant(a, w, sa, sw, torch.ones(32), "gelu")
 
 
 @pytest.mark.parametrize("lane", LANES, ids=lambda ln: ln.name)
