@@ -1,9 +1,9 @@
 """A compiled model served without CUDA graphs calls every oasr op through the C++ hot path once warm: no call of the
 fp16 `backend="oasr"` Conformer nor of its int8 form (`fuse_quantization="act"`, `fuse_residual=True`: the act-quant
 GEMM with the model's fp16 bias, the residual GEMM, scaled_mm) falls back to Python after its plan is made — a miss
-costs a Python call (~10 us of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU: the
-real compile, fusion passes and C++ hot path at the CPU key, the kernel library replaced by benchmarks/host_overhead.py's
-stub (so outputs are not meaningful; only who answered each call is counted). In a subprocess: the stubs replace
+costs a Python call (~10 us of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU:
+the real compile, fusion passes and C++ hot path at the CPU key, the kernel library replaced by
+benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered each call is counted). In a subprocess: the stubs replace
 module globals."""
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ with torch.no_grad():
     for name, m, opts in (("fp16-oasr", model, {}),
                           ("int8", q, {"fuse_quantization": "act", "fuse_residual": True})):
         fn = torch.compile(copy.deepcopy(m), backend=oasr_backend, dynamic=True, options=opts)
-        requests = [example_inputs(1, 485, seed=5, with_lengths=True), example_inputs(4, 700, seed=6, with_lengths=True)]
+        requests = [example_inputs(1, 485, seed=5, with_lengths=True),
+                    example_inputs(4, 700, seed=6, with_lengths=True)]
         for r in requests * 2:  # compile, make the plans, install them
             fn(*r)
         for r in requests:
