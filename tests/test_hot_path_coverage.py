@@ -1,6 +1,8 @@
 """A compiled model served without CUDA graphs calls every oasr op through the C++ hot path once warm: no call of the
 fp16 `backend="oasr"` Conformer nor of its int8 form (`fuse_quantization="act"`, `fuse_residual=True`: the act-quant
-GEMM with the model's fp16 bias, the residual GEMM, scaled_mm) falls back to Python after its plan is made — a miss
+GEMM with the model's fp16 bias, the residual GEMM, scaled_mm), nor of the int8 one compiled under Inductor's
+freezing (its per-tensor out_scales are constants then: backend._keep_small_constants_under_freezing), falls back
+to Python after its plan is made — a miss
 costs a Python call (~10 us of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU:
 the real compile, fusion passes and C++ hot path at the CPU key, the kernel library replaced by
 benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered each call is counted). In a
@@ -62,9 +64,12 @@ def calls_per_op():
 
 want_ops = {"fp16-oasr": {"gemm", "conv1d_depthwise"},
             "int8": {"scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "conv1d_depthwise"}}
-with torch.no_grad():
-    for name, m, opts in (("fp16-oasr", model, {}),
-                          ("int8", q, {"fuse_quantization": "act", "fuse_residual": True})):
+want_ops["int8-frozen"] = want_ops["int8"] | {"gemm"}
+INT8 = {"fuse_quantization": "act", "fuse_residual": True}
+for name, m, opts in (("fp16-oasr", model, {}), ("int8", q, INT8), ("int8-frozen", q, INT8)):
+    torch.compiler.reset()
+    # freezing is read while Dynamo traces: every (re)compile of the frozen variant happens under the flag
+    with torch.no_grad(), torch._inductor.config.patch(freezing=name.endswith("frozen")):
         fn = torch.compile(copy.deepcopy(m), backend=oasr_backend, dynamic=True, options=opts)
         requests = [example_inputs(1, 485, seed=5, with_lengths=True),
                     example_inputs(4, 700, seed=6, with_lengths=True)]

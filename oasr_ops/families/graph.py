@@ -140,6 +140,26 @@ def known_contiguous(t: torch.Tensor) -> bool:
             return False
 
 
+def is_frozen_transposed_weight(node: Any) -> bool:
+    """True for a graph constant that is the transpose of a contiguous 2-D tensor: what a Linear's
+    ``permute(W, [1, 0])`` becomes under Inductor's freezing, whose constant folding runs before the post-grad
+    passes and turns the permute into a ``get_attr`` of the view (shape [K, N], strides (1, K)). Matchers take it
+    as the transposed weight and read its contiguous [N, K] form through `untransposed`."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "get_attr"):
+        return False
+    v = val(node)
+    return isinstance(v, torch.Tensor) and v.dim() == 2 and known_contiguous(v.t())
+
+
+def untransposed(graph: torch.fx.Graph, wt: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
+    """``permute(wt, [1, 0])`` inserted before `before`: the contiguous [N, K] view of a frozen transposed weight
+    (`is_frozen_transposed_weight`); Inductor lowers a permute of a constant to a view, no copy."""
+    with graph.inserting_before(before):
+        w = graph.call_function(torch.ops.aten.permute.default, (wt, [1, 0]))
+    w.meta["val"] = val(wt).permute(1, 0)
+    return w
+
+
 def users(node: torch.fx.Node) -> list[torch.fx.Node]:
     """Users that read values (shape queries such as `sym_size` of a symbolic trace do not count)."""
     return [u for u in node.users if not is_call(u, *META_OPS)]

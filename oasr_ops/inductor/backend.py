@@ -75,11 +75,25 @@ def _config_patches(mode: str | None, options: dict[str, Any], example_inputs: S
 
         patches.update(inductor.list_mode_options(mode))
     patches.update(options)
+    _keep_small_constants_under_freezing(patches)
     eager = eager_regions and not _uses_cuda_graphs(patches) and _any_cuda(example_inputs)
     ours = OasrRewritePass(eager=eager)
     user_pass = patches.pop("post_grad_custom_pre_pass", None)
     patches["post_grad_custom_pre_pass"] = ours if user_pass is None else ChainedPass(ours, user_pass)
     return patches
+
+
+def _keep_small_constants_under_freezing(patches: dict[str, Any]) -> None:
+    """Under freezing, keep the graph's constants as tensors (``always_keep_tensor_constants``) unless the options
+    say otherwise. Inductor otherwise inlines every 1-D constant of <= 8 values into a kernel that writes it to a
+    fresh buffer on each call: a quantizing op's per-tensor ``out_scale`` (shape [1]) then arrives as a new tensor
+    every call, which the C++ hot path cannot take as checked (its values must be read again: a device sync per
+    call, measured on the H200 in session 22 as one Python act-quant call per forward). Without freezing those
+    scales are graph inputs, tensors already; the constants this keeps are a few scalars."""
+    import torch._inductor.config as inductor_config
+
+    if inductor_config.freezing:  # (options={"freezing": True} freezes nothing: `_check_freezing`)
+        patches.setdefault("always_keep_tensor_constants", True)
 
 
 _warn_once = WarnOnce()

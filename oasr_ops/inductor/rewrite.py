@@ -166,6 +166,25 @@ except ImportError:  # pragma: no cover - torch < 2.6
     _Base = object  # type: ignore[misc,assignment]
 
 
+def _fold_weight_transforms(graph: torch.fx.Graph) -> None:
+    """Under Inductor's freezing, fold what the rewrite computes from constants alone — a conv weight in KRSC, the
+    frontend Linear's column-permuted weight, a depthwise conv's fp32 BatchNorm scale and shift, the [N, K] view of
+    a folded weight transpose — into constants, once. Freezing's own constant folding runs before the post-grad
+    passes, so without this every such node would run on every call (the model's parameters are constants only
+    under freezing; otherwise they are graph inputs and there is nothing to fold). The same folding function
+    freezing uses, on the same graph module."""
+    import torch._inductor.config as inductor_config
+
+    gm = graph.owning_module
+    if not inductor_config.freezing or gm is None or not any(n.op == "get_attr" for n in graph.nodes):
+        return
+    try:
+        from torch._inductor.constant_folding import constant_fold
+    except ImportError:  # pragma: no cover - a torch without it: the nodes run per call, the results are the same
+        return
+    constant_fold(gm)
+
+
 class OasrRewritePass(_Base):  # type: ignore[misc]
     """The `post_grad_custom_pre_pass` object. `uuid()` = pass sources + version + arch + DB selection hash +
     whether the graph runs without CUDA graphs (``eager``: it bakes the DB's eager regions, `families.graph.bake`)."""
@@ -177,6 +196,7 @@ class OasrRewritePass(_Base):  # type: ignore[misc]
     def __call__(self, graph: torch.fx.Graph) -> None:
         _LOCAL.runs = pass_runs() + 1
         res = rewrite_graph(graph, bake=True, arch=self.arch, eager=self.eager)
+        _fold_weight_transforms(graph)
         with _LOG_LOCK:
             _LOG.append(res)
 

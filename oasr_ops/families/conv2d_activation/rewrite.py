@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_param, known_contiguous, single_user,
-                     static_int, users, val)
+from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_frozen_transposed_weight, is_param,
+                     known_contiguous, single_user, static_int, untransposed, users, val)
 from ..gemm.rewrite import PARAM_DERIVED
 from .ops import ACTIVATIONS, FAMILY, db_op, out_extent, signature
 
@@ -194,17 +194,25 @@ def _rewrite_conv(ctx: RewriteContext, conv: torch.fx.Node) -> torch.fx.Node | N
 
 
 def _linear_weight(node: torch.fx.Node, a: torch.fx.Node) -> torch.fx.Node | None:
-    """The permute(W, [1, 0]) of a Linear mm/addmm reading `a`, W a 2-D parameter; None otherwise."""
+    """The transposed weight of a Linear mm/addmm reading `a`: permute(W, [1, 0]) of a 2-D parameter W, or the
+    constant freezing folded that permute into (`is_frozen_transposed_weight`); None otherwise."""
     if is_call(node, aten.mm.default) and node.args[0] is a:
         wt = node.args[1]
     elif is_call(node, aten.addmm.default) and node.args[1] is a and not node.kwargs:
         wt = node.args[2]
     else:
         return None
+    if is_frozen_transposed_weight(wt):
+        return wt
     if not _is_permute(wt, [1, 0]) or not is_param(wt.args[0]):
         return None
     wv = val(wt.args[0])
     return wt if isinstance(wv, torch.Tensor) and wv.dim() == 2 and known_contiguous(wv) else None
+
+
+def _weight_shape(wt: torch.fx.Node) -> torch.Size:
+    """[N, K] of the weight `_linear_weight` found."""
+    return val(wt).t().shape if is_frozen_transposed_weight(wt) else val(wt.args[0]).shape
 
 
 def _flatten_consumers(flat: torch.fx.Node, width: int) -> list[tuple[torch.fx.Node, torch.fx.Node]] | None:
@@ -220,7 +228,7 @@ def _flatten_consumers(flat: torch.fx.Node, width: int) -> list[tuple[torch.fx.N
                 todo.append(u)
                 continue
             wt = _linear_weight(u, node)
-            if wt is None or static_int(val(wt.args[0]).shape[1]) != width:
+            if wt is None or static_int(_weight_shape(wt)[1]) != width:
                 return None
             out.append((u, wt))
     return out or None
@@ -250,7 +258,7 @@ def _flatten_free(ctx: RewriteContext, y: torch.fx.Node) -> bool:
     graph = ctx.graph
     flat.replace_input_with(clone if clone is not None else tr, y)  # [B, T, F, C] packed -> [B, T, F * C]: a view
     for lin, wt in linears:
-        w = wt.args[0]
+        w = untransposed(graph, wt, lin) if is_frozen_transposed_weight(wt) else wt.args[0]
         d = static_int(val(w).shape[0])
         ins = _Insert(graph, lin)
         w3 = ins(aten.view.default, w, [d, c, f])

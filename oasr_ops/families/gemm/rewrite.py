@@ -5,11 +5,12 @@ What it matches (functional, decomposed ATen, as the post-grad pre-pass sees it)
     mm(a, permute(W, [1, 0]))            ->  oasr.gemm(a, W, None, act, cfg)
     addmm(bias, a, permute(W, [1, 0]))   ->  oasr.gemm(a, W, bias, act, cfg)
 
-``t(W)`` / ``transpose(W, 0, 1)`` are accepted for the permute; a 3-D Linear input is already ``reshape`` + mm
-and keeps its reshapes. An activation directly after the GEMM (through the 2-D -> 3-D reshape) is fused when the
-GEMM output has no other user: ``relu``, erf-``gelu`` and ``silu``, either as their ATen ops or as the
-decompositions Inductor's table produces (``convert(fp32) -> neg -> exp -> add 1 -> div -> convert`` for SiLU,
-``0.5x * (1 + erf(x/sqrt 2))`` for GELU). tanh-GELU is never fused (the kernels' GELU is the erf one).
+``t(W)`` / ``transpose(W, 0, 1)`` are accepted for the permute, and so is the constant that Inductor's freezing
+folds the permute into (`graph.is_frozen_transposed_weight`; the rewrite reads it through a permute view); a 3-D
+Linear input is already ``reshape`` + mm and keeps its reshapes. An activation directly after the GEMM (through
+the 2-D -> 3-D reshape) is fused when the GEMM output has no other user: ``relu``, erf-``gelu`` and ``silu``,
+either as their ATen ops or as the decompositions Inductor's table produces (``convert(fp32) -> neg -> exp -> add
+1 -> div -> convert`` for SiLU, ``0.5x * (1 + erf(x/sqrt 2))`` for GELU). tanh-GELU is never fused (the kernels' GELU is the erf one).
 
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
@@ -24,8 +25,9 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, is_param, keeps_aten, known_contiguous,
-                     operands_reason, replace_node, single_user, static_int, users, val)
+from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, is_frozen_transposed_weight, is_param,
+                     keeps_aten, known_contiguous, operands_reason, replace_node, single_user, static_int, untransposed,
+                     users, val)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -124,8 +126,8 @@ def match_activation(x: torch.fx.Node, dtype: torch.dtype) -> tuple[str, torch.f
 class _Candidate:
     node: torch.fx.Node         # the mm / addmm
     a: torch.fx.Node
-    w: torch.fx.Node            # the weight source (placeholder / get_attr), [N, K]
-    wt: torch.fx.Node           # the permute node
+    w: torch.fx.Node | None     # the weight source (placeholder / get_attr), [N, K]; None: `wt` is frozen
+    wt: torch.fx.Node           # the permute node, or the frozen constant it was folded into
     bias: torch.fx.Node | None
     dtype: torch.dtype
     n: int
@@ -165,10 +167,11 @@ def _candidate(node: torch.fx.Node) -> tuple[_Candidate | None, str]:
         bias, a, wt = node.args[0], node.args[1], node.args[2]
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return None, "addmm with alpha/beta != 1"
-    w = _weight_source(wt)
-    if w is None:
+    frozen = is_frozen_transposed_weight(wt)
+    w = None if frozen else _weight_source(wt)
+    if w is None and not frozen:
         return None, "weight is not a transposed contiguous 2-D parameter"
-    av, wv, ov = val(a), val(w), val(node)
+    av, wv, ov = val(a), (val(wt).t() if frozen else val(w)), val(node)
     why = operands_reason((av, wv, ov), lambda: (wv.shape[0], wv.shape[1]))
     if why:
         return None, why
@@ -223,9 +226,10 @@ def rewrite(ctx: RewriteContext) -> None:
         if keeps_aten(config):
             ctx.record(sig, FAMILY, op, dt, cand.n, cand.k, cand.m, node=f"{node.name} (kept on aten)", **site)
             continue
-        new = replace_node(graph, node, gemm_op, (cand.a, cand.w, cand.bias, activation, config))
+        w = cand.w if cand.w is not None else untransposed(graph, cand.wt, node)
+        new = replace_node(graph, node, gemm_op, (cand.a, w, cand.bias, activation, config))
         if end is not None:
             _fuse_activation(graph, out if out is not node else new, end, chain)
-        if not cand.wt.users:
+        if cand.w is not None and not cand.wt.users:
             graph.erase_node(cand.wt)
         ctx.record(sig, FAMILY, op, dt, cand.n, cand.k, cand.m, node=new.name, **site)
