@@ -9,8 +9,9 @@ What it matches (functional, decomposed ATen, as the post-grad pre-pass sees it)
 folds the permute into (`graph.is_frozen_transposed_weight`; the rewrite reads it through a permute view); a 3-D
 Linear input is already ``reshape`` + mm and keeps its reshapes. An activation directly after the GEMM (through
 the 2-D -> 3-D reshape) is fused when the GEMM output has no other user: ``relu``, erf-``gelu`` and ``silu``,
-either as their ATen ops or as the decompositions Inductor's table produces (``convert(fp32) -> neg -> exp -> add
-1 -> div -> convert`` for SiLU, ``0.5x * (1 + erf(x/sqrt 2))`` for GELU). tanh-GELU is never fused (the kernels' GELU is the erf one).
+either as their ATen ops or as the decompositions Inductor's table produces
+(``convert(fp32) -> neg -> exp -> add 1 -> div -> convert`` for SiLU, ``0.5x * (1 + erf(x/sqrt 2))`` for GELU).
+tanh-GELU is never fused (the kernels' GELU is the erf one).
 
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
