@@ -20,7 +20,7 @@ import oasr_ops
 from examples.conformer import build_model, example_inputs
 from _fx_capture import Capture
 
-pytestmark = pytest.mark.usefixtures("fresh_inductor")
+pytestmark = [pytest.mark.usefixtures("fresh_inductor"), pytest.mark.slow]  # two compiles per case: ~15 s each
 
 INT8_OPTIONS = {"fuse_quantization": "act", "fuse_residual": True}
 
