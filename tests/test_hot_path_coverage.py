@@ -2,11 +2,10 @@
 fp16 `backend="oasr"` Conformer nor of its int8 form (`fuse_quantization="act"`, `fuse_residual=True`: the act-quant
 GEMM with the model's fp16 bias, the residual GEMM, scaled_mm), nor of the int8 one compiled under Inductor's
 freezing (its per-tensor out_scales are constants then: backend._keep_small_constants_under_freezing), falls back
-to Python after its plan is made — a miss
-costs a Python call (~10 us of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU:
-the real compile, fusion passes and C++ hot path at the CPU key, the kernel library replaced by
-benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered each call is counted). In a
-subprocess: the stubs replace module globals."""
+to Python after its plan is made — a miss costs a Python call (~10 us of host time, benchmarks/host_overhead.py)
+where serving is host-bound. On the CPU: the real compile, fusion passes and C++ hot path at the CPU key, the
+kernel library replaced by benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered
+each call is counted). In a subprocess: the stubs replace module globals."""
 from __future__ import annotations
 
 import os
