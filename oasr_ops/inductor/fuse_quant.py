@@ -38,7 +38,7 @@ import torch
 from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
 from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
                              _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
-                             fusable_linears, restore_rows, through_views)
+                             fusable_linears, graph_values, restore_rows, through_views)
 
 # calibrated quantization -> (the GEMMs whose activated output it may absorb, the fused op): int8, fp8
 _ACT_QUANT_RULES = (
@@ -198,8 +198,7 @@ def fusable_filter(model: torch.nn.Module, *args, **kwargs):
     found: set[str] = set()
 
     def capture(gm, example_inputs):
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+        value_of = graph_values(gm, example_inputs)
         for node in fusable_linears(gm, value_of, require_calibration=False) + fusable_convs(gm):
             fqn = names.get(id(value_of.get(node.args[1])))
             if fqn is not None:

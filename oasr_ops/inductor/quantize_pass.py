@@ -15,8 +15,10 @@ gemm ones. int8 with ``Int8W8A8Config.convs`` (the default) also converts every 
 
 Weights: the parameters stay graph inputs (AOTAutograd accepts no new constants from a backend), so the weight
 quantization is part of the graph. With Inductor's freezing on (`torch._inductor.config.freezing = True` before
-compiling) it is constant-folded: quantized once. Without it, it runs every call — one fused memory-bound
-kernel per layer reading the fp16 weight, which `quantize_(model)` + `backend="oasr"` avoids.
+compiling) Dynamo emits the parameters as attributes instead of inputs (`quant_patterns.graph_values` finds both)
+and freezing constant-folds the quantization: quantized once (tests/test_freezing.py). Without it, it runs every
+call — one fused memory-bound kernel per layer reading the fp16 weight, which `quantize_(model)` +
+`backend="oasr"` avoids.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from ..families.scaled_mm.quantize import quantize_weight
 from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from .fuse_conv_quant import conv2d_args, fusable_convs
-from .quant_patterns import fusable_linears, restore_rows
+from .quant_patterns import fusable_linears, graph_values, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 
@@ -147,8 +149,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     if ops is None:
         raise ValueError(f"options['quantization']: no in-graph rewrite for {type(cfg).__name__}; quantize the "
                          "model with quantize_() before compiling instead")
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    value_of = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+    value_of = graph_values(gm, example_inputs)
     wanted = None
     fusable_only = getattr(cfg, "layers", None) == "fusable"
     if fusable_only:
