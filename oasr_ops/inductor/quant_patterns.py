@@ -17,13 +17,10 @@ def graph_values(gm: torch.fx.GraphModule, example_inputs: list) -> dict:
     values = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            obj = gm
             try:
-                for part in str(n.target).split("."):
-                    obj = getattr(obj, part)
+                values[n] = operator.attrgetter(n.target)(gm)  # a dotted target: submodule path
             except AttributeError:
-                continue
-            values[n] = obj
+                pass
     return values
 
 
