@@ -207,3 +207,18 @@ def test_entries_from_log_repartitions_and_returns_the_measurement_stamp(tmp_pat
     entries, got = entries_from_log(log, BuildOptions(arch="sm90"))
     assert got == stamp
     assert entries[SIG_A]["regions"] == [[16, "torch"], [64, "B"], [None, "torch"]]  # the max_loss guard
+
+
+@pytest.mark.parametrize("text", ['{"signature": "%s", "entry": 5}', '{"signature": "%s", "entry": {"x": 1}}',
+                                  '{"signature": "%s", "entry": {"regions": "t64"}}', '[1, 2]', '{"sig',
+                                  '{"signature": "another", "entry": {"regions": []}}'])
+def test_a_damaged_checkpoint_is_measured_again(tmp_path, text):
+    """`read_checkpoint` answers None (measure again) for a checkpoint that is not a finished entry, rather than
+    handing the build something the DB's publish refuses after every other signature was measured."""
+    from oasr_ops.tune.build import checkpoint_path, read_checkpoint, write_checkpoint
+
+    sig = "gemm|op=gemm|dt=half|N=256|K=1024"
+    write_checkpoint(tmp_path, sig, {"regions": [[None, "torch"]]})
+    assert read_checkpoint(tmp_path, sig) == {"regions": [[None, "torch"]]}
+    checkpoint_path(tmp_path, sig).write_text(text.replace("%s", sig))
+    assert read_checkpoint(tmp_path, sig) is None

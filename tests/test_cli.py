@@ -73,6 +73,60 @@ def test_build_rejects_a_file_that_is_not_a_census(home, capsys):
     _usage_error(home, capsys, ["tune", "build", "--census", str(f)], str(f), "not valid JSON")
 
 
+def _with_point(point) -> dict:
+    doc = _census_doc()
+    next(iter(doc["signatures"].values()))["points"] = [point]
+    return doc
+
+
+@pytest.mark.parametrize("doc,needle", [
+    (_with_point({"weight": 1.0}), "point 0: needs an integer m > 0"),
+    (_with_point({"m": "64"}), "point 0: needs an integer m > 0"),
+    (_with_point({"m": 0}), "point 0: needs an integer m > 0"),
+    (_with_point({"m": 64, "weight": float("nan")}), "weight must be a finite number"),
+    (_with_point({"m": 64, "calls": -1}), "calls must be an integer >= 0"),
+    (_with_point({"m": 64, "eager_fraction": 2}), "eager_fraction must be in [0, 1]"),
+    (_with_point({"m": 64, "must_tune": "yes"}), "must_tune must be true or false"),
+    (_with_point(64), "point 0: needs an integer m > 0"),
+    ({"kind": "oasr-census", "signatures": {"gemm|op=gemm|N=1|K=1": {"points": 5}}}, "points must be a list"),
+    ({"kind": "oasr-census", "signatures": {"gemm|op=gemm|N=1|K=1": [1]}}, "not an object"),
+    ({"kind": "oasr-census", "signatures": {"gemm|op=gemm|N=1|K=1": {"n": -1}}}, "n must be an integer >= 0"),
+], ids=["no-m", "m-str", "m-0", "weight-nan", "calls-neg", "eager-2", "must-tune-str", "point-int",
+        "points-int", "body-list", "n-neg"])
+@pytest.mark.parametrize("cmd", ["build", "prebuild", "matrix"])
+def test_a_malformed_census_is_one_line_naming_the_point(home, capsys, doc, needle, cmd):
+    """A hand-edited or truncated census (a file others write) is a usage error naming the file, the signature
+    and the point, from every command that reads one — before session 23 a point without `m` was a KeyError
+    traceback from `oasr tune build` and `oasr tune prebuild`, and prebuild called a bad value an `--arch` error."""
+    f = home / "in" / "c.json"
+    f.write_text(json.dumps(doc))
+    argv = {"build": ["tune", "build", "--census", str(f), "--arch", "sm90"],
+            "prebuild": ["tune", "prebuild", "--census", str(f), "--arch", "9.0a"],
+            "matrix": ["tune", "matrix", "--census", str(f), "--arch", "sm90", "--dry-run",
+                       "--out", str(home / "in" / "m")]}[cmd]
+    _usage_error(home, capsys, argv, f"--census {f}", needle)
+
+
+def test_library_readers_of_a_census_check_it_too(tmp_path):
+    """`load_census` (prewarm's reader) and the build's `load_censuses` raise ValueError naming the problem."""
+    from oasr_ops.tune.build import load_censuses
+    from oasr_ops.tune.census import load_census
+
+    with pytest.raises(ValueError, match="point 0: needs an integer m > 0"):
+        load_census(_with_point({"M": -3}))
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(_with_point({"m": 64, "weight": -1})))
+    with pytest.raises(ValueError, match="weight must be a finite number >= 0"):
+        load_censuses([str(f)])
+    assert load_census(_census_doc())["signatures"]  # a well-formed one passes as it is
+    from oasr_ops.tune.prewarm import points_from_census
+
+    doc = _census_doc()
+    del next(iter(doc["signatures"].values()))["op"]
+    with pytest.raises(ValueError, match="lacks op"):
+        points_from_census(doc)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_build_without_a_gpu_is_one_line_and_creates_nothing(home, capsys):
     f = home / "in" / "c.json"

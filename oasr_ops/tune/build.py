@@ -43,6 +43,7 @@ from tqdm import tqdm
 from .. import families as _families  # noqa: F401  (fills the registry)
 from ..runtime import registry
 from ..runtime.database import parse_signature
+from .census import load_census
 from .candidates import (Candidate, candidates_for, fallback_id, gate_candidates, host_costs, operands_for,
                          parts_of, pseudo_arms, tunable_families)
 from .partition import thin_census
@@ -78,8 +79,8 @@ def load_censuses(paths: list[str], family: str | None = None) -> dict[str, Sign
     merged: dict[str, dict[int, Point]] = {}
     wbytes: dict[str, int] = {}
     for path in paths:
-        doc = json.loads(Path(path).read_text())
-        sigs = doc.get("signatures", doc)
+        doc = load_census(path)  # checked: a malformed file is a ValueError naming it, not a KeyError here
+        sigs = doc["signatures"]
         model_bytes = int(doc.get("weight_bytes", 0) or 0)
         for sig, body in sigs.items():
             if not isinstance(body, dict) or not sig.startswith(family + "|"):
@@ -223,12 +224,15 @@ def checkpoint_path(checkpoint_dir: Path, sig: str) -> Path:
 
 
 def read_checkpoint(checkpoint_dir: Path, sig: str) -> dict[str, Any] | None:
-    """The finished signature's DB entry, or None when it has no checkpoint (or a damaged one: measured again)."""
+    """The finished signature's DB entry, or None when it has no checkpoint (or a damaged one: measured again).
+    An entry is an object with a list of regions (what every family's entries hold); anything else in its place
+    would otherwise survive until the DB's publish refused it, after every other signature was measured."""
     try:
         doc = json.loads(checkpoint_path(checkpoint_dir, sig).read_text())
-        return doc["entry"] if doc.get("signature") in (None, sig) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        entry = doc["entry"] if doc.get("signature") in (None, sig) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("regions"), list) else None
 
 
 def write_checkpoint(checkpoint_dir: Path, sig: str, entry: dict[str, Any], **extra: Any) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 from ..runtime import registry
 from .build import BuildOptions, build, default_family, entries_from_log, load_works, model_from_log
 from .candidates import tunable_families
+from .census import check_census
 from .prune import TOP_K
 
 log = logging.getLogger("oasr_ops.tune.build")
@@ -42,15 +43,6 @@ def _check_log(path: str) -> None:
         raise UsageError(f"--from-log {path}: not UTF-8 text") from None
     if n == 0:
         raise UsageError(f"--from-log {path}: no measurement records")
-
-
-def _check_census(path: str) -> None:
-    from ..errors import UsageError, json_file
-
-    doc = json_file(path, "--census")
-    sigs = doc.get("signatures") if isinstance(doc, dict) else None
-    if not isinstance(sigs, dict) or (doc.get("kind") not in (None, "oasr-census")):
-        raise UsageError(f"--census {path}: not a census file (write one with `oasr tune census`)")
 
 
 def _arch_for_cli(arch: str | None) -> str:
@@ -117,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
                           "model": model is not None, "written": str(path)}))
         return 0
     for c in args.census:
-        _check_census(c)
+        check_census(c)
     if args.family != default_family():
         # every other family keeps its own default log and checkpoints beside the default family's
         if not args.log:

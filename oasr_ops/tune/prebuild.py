@@ -185,6 +185,10 @@ def _run(args: argparse.Namespace) -> int:
     opts = None
     if args.census:
         from .build import BuildOptions
+        from .census import check_census
+
+        for c in args.census:
+            check_census(c)
 
         opts = BuildOptions(thin=args.thin, max_points=args.max_points, max_fill=args.max_fill,
                             prune=not args.no_prune, top_k=args.top_k, validate=not args.no_validate)

@@ -75,6 +75,10 @@ def points_from_census(doc: Any) -> list[Point]:
 
     out = []
     for sig, meta, p in must_tune_points(load_census(doc)):
+        missing = [key for key in ("family", "op", "n", "k") if key not in meta]
+        if missing:
+            raise ValueError(f"prewarm: census signature {sig!r} lacks {', '.join(missing)} (write the census with "
+                             "`oasr tune census`)")
         for dt in meta.get("dtypes") or ["fp16"]:
             out.append(Point(int(p["m"]), float(p.get("weight", 0.0)), signature=sig, family=meta["family"],
                              op=meta["op"], dtype=dt, n=int(meta["n"]), k=int(meta["k"])))
