@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import warnings
 
 import pytest
@@ -455,6 +456,49 @@ def test_impl_hash_follows_the_rendered_kernels(monkeypatch):
     assert val.impl_hash("sm80_f16_mma") != a  # any change to a kernel's source (templates, includes) counts
     monkeypatch.undo()
     val.impl_hash.cache_clear()
+
+
+def test_every_lane_hashes_its_rendered_kernels_not_the_template_files(monkeypatch):
+    """The impl validator renders every kernel of every lane in each of its family's `impl_variants`; before
+    session 23, bmm and conv1d rendered an 'fp16' variant their renderers refuse, and the hash fell back to every
+    template file of the package, so an edit of any family's template staled their DB files (the shipped
+    conv1d.json was 'impl differ' after conv2d and layer_norm_quant template edits)."""
+    import dataclasses
+
+    from oasr_ops.runtime import registry
+
+    for name, lane in registry.lanes().items():
+        spec = registry.get(lane.family)
+        for cfg in {c.kernel_key().id: c for c in lane.space}.values():
+            for variant in spec.impl_variants:
+                assert spec.render(lane, cfg, variant), (name, cfg.id, variant)
+    # an edit of another family's kernels leaves conv1d's and bmm's hashes alone
+    val.impl_hash.cache_clear()
+    before = {ln: val.impl_hash(ln) for ln in ("sm80_f16_dwconv", "sm90_f16_wgmma_bmm", "sm90_f16_wgmma")}
+    spec = registry.get("gemm")
+    real = spec.render
+    monkeypatch.setitem(registry._FAMILIES, "gemm",
+                        dataclasses.replace(spec, render=lambda lane, c, dt: real(lane, c, dt) + "// changed\n"))
+    monkeypatch.setattr(val.paths, "templates_dir", lambda: (_ for _ in ()).throw(AssertionError("fallback")))
+    val.impl_hash.cache_clear()
+    after = {ln: val.impl_hash(ln) for ln in before}
+    assert after["sm80_f16_dwconv"] == before["sm80_f16_dwconv"]
+    assert after["sm90_f16_wgmma_bmm"] == before["sm90_f16_wgmma_bmm"]
+    assert after["sm90_f16_wgmma"] != before["sm90_f16_wgmma"]
+    monkeypatch.undo()
+    val.impl_hash.cache_clear()
+
+
+def test_shipped_db_files_are_stamped_with_this_checkout_s_kernels_or_listed_as_stale():
+    """Which shipped files were measured on the kernels this checkout builds (impl equal) is a fact the docs
+    state (docs/tuning.md, "Stale shipped entries"); this test keeps that statement true."""
+    val.impl_hash.cache_clear()
+    stale = set()
+    for path in sorted(Path(__file__).resolve().parents[1].joinpath("db", "sm90").glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc["validators"]["impl"] != val.impl_hash(doc["lane"]):
+            stale.add(path.stem)
+    assert stale == {"scaled_mm", "scaled_mm_fp8"}, stale
 
 
 def test_publish_with_an_explicit_stamp(env):

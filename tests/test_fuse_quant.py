@@ -171,6 +171,36 @@ def test_calibration_round_trips_through_the_state_dict():
         oasr_ops.calibrate(q, [])
 
 
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8", None], ids=["int8", "fp8", "plain"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_calibration_on_a_batch_with_nan_or_inf_stores_nothing_and_says_so(scheme, bad):
+    """One corrupted batch (or an fp16 overflow before a layer) used to store NaN / inf scales silently: every later
+    output of the quantized model was then NaN or zero. Now a ValueError names the layers; no scale is stored."""
+    from oasr_ops.families.scaled_mm.calibrate import calibrated_scale
+
+    model = Block().half().eval()
+    q = oasr_ops.quantize_(copy.deepcopy(model), scheme) if scheme else copy.deepcopy(model)
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    poisoned = x.clone()
+    poisoned[1, 3, 7] = bad
+    with pytest.raises(ValueError, match=r"inputs of 2 layer\(s\) held NaN or inf.*fc1, fc2"):
+        oasr_ops.calibrate(q, [x, poisoned])
+    if scheme:
+        assert q.fc1.input_scale is None and q.fc2.input_scale is None
+    else:
+        assert calibrated_scale(q.fc1.weight) is None and calibrated_scale(q.fc2.weight) is None
+    assert set(oasr_ops.calibrate(q, [x])) == {"fc1", "fc2"}  # the clean batch alone calibrates both
+
+
+def test_a_layer_that_saw_only_zeros_stays_uncalibrated_with_one_warning():
+    """A zero amax used to store a ~1e-14 scale, saturating every later input of that layer to +-127."""
+    model = Block().half().eval()  # LayerNorm of zeros is its bias, zeros: fc1 sees zeros, fc2 act(fc1.bias)
+    q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) were all zeros in every batch \(fc1\)"):
+        scales = oasr_ops.calibrate(q, [torch.zeros(2, 5, 64, dtype=torch.float16)])
+    assert set(scales) == {"fc2"} and q.fc1.input_scale is None and q.fc2.input_scale is not None
+
+
 def test_quant_linear_state_dict_of_the_earlier_layout_loads():
     """`scale_w` / `input_scale` were separate buffers before they were packed into `scales`: such a checkpoint
     loads into the packed layout with the same values and the same calibration state."""

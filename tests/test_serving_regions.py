@@ -230,6 +230,8 @@ def test_backend_bakes_eager_regions_only_without_cuda_graphs(monkeypatch):
     assert OasrRewritePass(eager=True).uuid() != OasrRewritePass(eager=False).uuid()
     with pytest.raises(ValueError, match="eager_regions"):
         backend.oasr_backend(None, [], options={"eager_regions": "yes"})
+    with pytest.raises(ValueError, match=r"options\['cpp_hot_path'\] must be True or False, got 'no'"):
+        backend.oasr_backend(None, [], options={"cpp_hot_path": "no"})
 
 
 def test_the_graph_pass_bakes_eager_tables_only_when_told(env):

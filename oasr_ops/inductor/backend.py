@@ -216,10 +216,11 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
 
             prewarm_graph(gm, example_inputs, tuning)
     _check_freezing(opts)
-    cpp_hot_path = bool(opts.pop("cpp_hot_path", True))
+    cpp_hot_path = opts.pop("cpp_hot_path", True)
     eager_regions = opts.pop("eager_regions", True)
-    if not isinstance(eager_regions, bool):
-        raise ValueError(f"options['eager_regions'] must be True or False, got {eager_regions!r}")
+    for name, value in (("cpp_hot_path", cpp_hot_path), ("eager_regions", eager_regions)):
+        if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
+            raise ValueError(f"options['{name}'] must be True or False, got {value!r}")
     patches = _config_patches(mode, opts, example_inputs, eager_regions)
     _serve_without_cuda_graphs(patches, example_inputs, cpp_hot_path)
     runs = rewrite.pass_runs()

@@ -59,6 +59,10 @@ class FamilySpec:
                      once and the policy answers); None: any config of the lane.
     render:          fn(lane, config, dtype) -> the kernel's CUDA source (codegen's renderer; the ``impl`` soft
                      validator hashes it, so the runtime never imports codegen).
+    impl_variants:   the kernel variants (the renderer's `dtype` argument) the ``impl`` validator renders each
+                     kernel in: the fp16 ones, one per layout where the layout is part of the variant (bmm's B
+                     operand, conv1d's bct/btc). A variant the renderer refuses made the hash fall back to every
+                     template file of the package: any template edit, in any family, then staled the DB.
     handlers:        the upper layers' hooks, by name (e.g. ``rewrite``, ``census``, ``candidates``,
                      ``prebuild_specs``, ``reset_plans``, ``host_probe``); `handler()` looks one up.
     rewrite_order:   the graph pass runs the ``rewrite`` handlers in ascending order (registration order among
@@ -82,6 +86,7 @@ class FamilySpec:
     production_extras: Callable[[Lane], Iterable[str]] | None = None
     production_ids: Callable[[str], frozenset[str]] | None = None
     render: Callable[[Lane, Config, str], str] | None = None
+    impl_variants: tuple[str, ...] = ("fp16",)
     handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
     rewrite_order: int = 0
 

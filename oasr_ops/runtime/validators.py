@@ -57,12 +57,15 @@ def impl_hash(lane_name: str | None) -> str:
         from . import registry
 
         lane = registry.get_lane(lane_name)
-        render = registry.get(lane.family).render  # codegen's renderer, handed over by the family
+        spec = registry.get(lane.family)
+        render = spec.render  # codegen's renderer, handed over by the family
         if render is None:
             raise LookupError(f"family {lane.family} declares no kernel renderer")
         for key in sorted({c.kernel_key().id for c in lane.space}):
             h.update(f"--{key}--\n".encode())
-            h.update(render(lane, next(c for c in lane.space if c.kernel_key().id == key), "fp16").encode())
+            config = next(c for c in lane.space if c.kernel_key().id == key)
+            for variant in spec.impl_variants:  # ("fp16",) alone: the bytes hashed before impl_variants existed
+                h.update(render(lane, config, variant).encode())
         return h.hexdigest()
     except Exception:  # no renderer here: the templates are the next best description of the kernels
         h.update(b"templates-only\n")

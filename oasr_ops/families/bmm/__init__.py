@@ -21,6 +21,7 @@ FAMILY = registry.register(registry.FamilySpec(
     no_arch="torch",
     modelled=True,
     render=render,
+    impl_variants=("fp16_bk", "fp16_bn"),  # the layout is part of the variant
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs,

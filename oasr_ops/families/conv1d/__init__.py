@@ -47,6 +47,7 @@ FAMILY = registry.register(registry.FamilySpec(
     policy="default",
     no_arch="default",
     render=render,
+    impl_variants=("fp16_bct", "fp16_btc"),  # the layout is part of the variant
     rewrite_order=-1,  # first: the conv module's [B, T, C] ops make the Linear form's GEMM inputs contiguous
     handlers={"reset_plans": ops.reset_plans, "served": ops.served, "prebuild_specs": prebuild_specs,
               "candidates": candidates.candidates, "operands": candidates.operands,

@@ -19,6 +19,7 @@ a whole row (N is split over CTAs).
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -72,8 +73,9 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
     inputs, each passed as ``model(*b)`` when a tuple/list, ``model(**b)`` when a dict, else ``model(b)`` (or
     `forward(model, b)`). `filter_fn(module, fqn)` narrows the layers. `scheme` (``"int8_w8a8"`` or
     ``"fp8_w8a8"``) only sets the scales *returned* for a plain model's layers (what it stores is the amax,
-    which both schemes read); a quantized layer's scale is its own scheme's. ValueError when no batch was given
-    or for an unknown scheme."""
+    which both schemes read); a quantized layer's scale is its own scheme's. ValueError when no batch was given,
+    for an unknown scheme, or when a layer's inputs held NaN or inf (nothing is stored then); a layer whose inputs
+    were all zeros stays dynamic, with one warning naming it."""
     if scheme not in QMAX_OF:
         raise ValueError(f"calibrate: scheme must be one of {', '.join(QMAX_OF)}, got {scheme!r}")
     amax: dict[str, torch.Tensor] = {}
@@ -104,10 +106,28 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
             h.remove()
     if not seen:
         raise ValueError("calibrate: no batches (pass an iterable of representative model inputs)")
+    # Checked before anything is stored: a NaN or inf amax (an fp16 overflow, a corrupted batch) would store a
+    # scale that quantizes every later input to garbage or zero, and a zero amax (a layer that saw only zeros)
+    # one that saturates every later input; the first is an error, the second leaves the layer dynamic.
+    names = list(amax)
+    values = torch.stack([amax[n].float().cpu() for n in names]).tolist() if names else []
+    not_finite = [n for n, v in zip(names, values) if v != v or v in (float("inf"), float("-inf"))]
+    if not_finite:
+        raise ValueError(f"calibrate: the inputs of {len(not_finite)} layer(s) held NaN or inf in these batches "
+                         f"({', '.join(not_finite[:4])}{', ...' if len(not_finite) > 4 else ''}); no scale was "
+                         "stored. Check the batches (a corrupted input, an fp16 overflow before the layer).")
+    zero = [n for n, v in zip(names, values) if v == 0.0]
+    if zero:
+        warnings.warn(f"calibrate: the inputs of {len(zero)} layer(s) were all zeros in every batch "
+                      f"({', '.join(zero[:4])}{', ...' if len(zero) > 4 else ''}); no scale is stored for them, as "
+                      "for a layer not reached (uncalibrated layers quantize with dynamic per-token scales)",
+                      stacklevel=2)
+        for n in zero:
+            del amax[n]
     out: dict[str, float] = {}
     for name, layer in chosen:
         if name not in amax:
-            continue  # not reached by these batches: left dynamic
+            continue  # not reached by these batches (or all zeros): left dynamic
         if isinstance(layer, CalibratedInput):
             scale = scale_of(amax[name], layer.input_qmax)
             layer.input_scale = scale.to(layer.weight_q.device)
