@@ -305,3 +305,17 @@ def test_probe_writes_cache(tmp_path, monkeypatch):
     files = list((tmp_path / "oasr" / "arch_profile").glob("*.json"))
     assert len(files) == 1 and ap.read_cached(files[0]) == p
     assert ap.probe_profile() == p  # cached
+
+
+def test_calibrate_tool_on_a_log_of_another_family_is_an_error_not_a_traceback(tmp_path, capsys):
+    """`python -m oasr_ops.tune.calibrate` fits the gemm family's model; a conv1d build's log used to end in a
+    TypeError from deep in the ranking; nothing is written then."""
+    from oasr_ops.tune.calibrate import main
+
+    log = tmp_path / "conv1d.jsonl"
+    log.write_text(json.dumps({"signature": "conv1d|op=conv1d_btc|dt=half|N=512|K=15872", "m": 64,
+                               "config": "dw128x32_v8_n256", "median_s": 1e-5}) + "\n5\n")
+    out = tmp_path / "cal.json"
+    assert main([str(log), "--arch", "sm90", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no record of the gemm family" in err and "Traceback" not in err and not out.exists()

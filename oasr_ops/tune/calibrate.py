@@ -309,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    recs = [r for r in recs if isinstance(r, dict) and isinstance(r.get("signature"), str)
+            and _sig_shape(r["signature"]) is not None]
+    if not recs:  # e.g. a conv1d or scaled_mm build's log: the selectors below would have no shape to rank
+        print(f"error: {args.log}: no record of the gemm family (this tool fits the gemm family's cost model)",
+              file=sys.stderr)
+        return 2
     cal = fit(recs, prof)
     glob = fit(recs, prof, configs=False)
     print(f"{args.log}: {cal.meta}; profile {prof.sku} ({prof.source})")
@@ -328,9 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}:\n    {_fmt(d)}")
     if args.out:
         import json
+        from pathlib import Path
 
-        with open(args.out, "w") as f:
-            json.dump(cm.to_json(cal), f, indent=1)
+        from ..paths import write_text_atomic
+
+        write_text_atomic(Path(args.out), json.dumps(cm.to_json(cal), indent=1))
     return 0
 
 

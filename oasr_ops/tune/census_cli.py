@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any, Callable
 
+from ..paths import write_text_atomic
 from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, _parse_model_args, build_for_census,
                      census_for_model, load_builder, merge_capture, read_manifest)
 
@@ -159,7 +160,8 @@ def main(args: argparse.Namespace) -> int:
                    "quantization": args.quantization,
                    "manifest": args.manifest, "captures": list(args.capture)})
     doc = c.to_json()
-    out.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    # atomic: a census others build from, or the one this run replaces, is never left torn by a crash
+    write_text_atomic(out, json.dumps(doc, indent=1, sort_keys=False))
     npts = sum(len(s["points"]) for s in doc["signatures"].values())
     print(f"census: {len(doc['keys'])} key(s), {len(doc['signatures'])} signature(s), {npts} point(s), "
           f"{c.info['traces']} trace(s) in {time.perf_counter() - t0:.1f}s -> {args.out}")

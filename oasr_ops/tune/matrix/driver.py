@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...paths import write_text_atomic
 from ..build import checkpoint_path
 from . import cluster, tasks
 from .plan import ArchPlan, MatrixPlan
@@ -148,8 +149,8 @@ def _finish(plan: MatrixPlan, reports: dict[str, dict[str, Any]], warm_s: dict[s
         summary["ok"] = summary["ok"] and rep["ok"]
         d = out / arch
         d.mkdir(parents=True, exist_ok=True)
-        (d / "compile.json").write_text(json.dumps(rep["compile"], indent=1, default=str))
-        (d / "run.json").write_text(json.dumps(rep, indent=1, default=str))
+        write_text_atomic(d / "compile.json", json.dumps(rep["compile"], indent=1, default=str))
+        write_text_atomic(d / "run.json", json.dumps(rep, indent=1, default=str))
         summary["archs"][arch] = {
             "ok": rep["ok"], "measured": len(measured), "resumed": sum(f["resumed"] for f in rep["families"].values())
             + sum(1 for r in rep["measure"] if r.get("resumed")), "failed": rep["failed"],

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
+from ...paths import write_text_atomic
 from ...runtime import registry
 from ..build import BuildOptions, SignatureWork, arm_plan, load_works, plan_signature, read_checkpoint
 from ..candidates import tunable_families
@@ -106,8 +107,8 @@ def record_run(mo: MatrixOptions, write: bool = True) -> bool:
     if not write:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"run_id": mo.run_id, "fingerprint": fp, "archs": mo.archs,
-                                "families": mo.families, "created": time.time()}, indent=1))
+    write_text_atomic(path, json.dumps({"run_id": mo.run_id, "fingerprint": fp, "archs": mo.archs,
+                                        "families": mo.families, "created": time.time()}, indent=1))
     return False
 
 
