@@ -110,7 +110,7 @@ def test_a_malformed_census_is_one_line_naming_the_point(home, capsys, doc, need
 def test_library_readers_of_a_census_check_it_too(tmp_path):
     """`load_census` (prewarm's reader) and the build's `load_censuses` raise ValueError naming the problem."""
     from oasr_ops.tune.build import load_censuses
-    from oasr_ops.tune.census import load_census
+    from oasr_ops.tune.census_file import load_census
 
     with pytest.raises(ValueError, match="point 0: needs an integer m > 0"):
         load_census(_with_point({"M": -3}))

@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "oasr_ops.paths": 0,        # every filesystem path, nvcc probing
     "oasr_ops._version": 0,     # __version__ (hashed by the graph pass)
     "oasr_ops.errors": 0,       # UsageError (the CLI's one error mechanism) and the input checks it shares
+    "oasr_ops.env": 0,          # the OASR_* switches: accepted values, defaults, one warning for a bad value
     "oasr_ops.codegen": 1,      # emit, render, JitSpec / KernelCache / build_many
     "oasr_ops.runtime": 2,      # registry, arch, DB reader, validators, select, plans
     "oasr_ops.families": 3,     # one folder per kernel family, registered on runtime.registry

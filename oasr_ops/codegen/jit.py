@@ -56,6 +56,7 @@ from pathlib import Path
 from filelock import FileLock
 from tqdm import tqdm
 
+from .. import env as _env
 from ..configs import Config, Lane
 from ..paths import cutlass_include_dirs, jit_dir, nvcc_path, nvcc_version  # noqa: F401  (re-exported)
 from .cache_trust import (BuildError, LoadError, UnsafeCacheError, _check_dir, _install, _run_nvcc,  # noqa: F401
@@ -74,7 +75,7 @@ def compiled_in_process() -> tuple[str, ...]:
 
 def on_demand_builds_allowed() -> bool:
     """False when ``OASR_JIT_BUILD=off``: `JitSpec.load` then never compiles (`build()` / `oasr tune prebuild` do)."""
-    return os.environ.get("OASR_JIT_BUILD", "").strip().lower() not in ("off", "0", "false", "no")
+    return _env.jit_build()
 
 
 # Peak resident memory of one nvcc, measured on the CPU box (about 3.5 GB for a 3.x kernel), with headroom.

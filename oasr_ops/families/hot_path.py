@@ -42,13 +42,13 @@ plans when `served()` reads them.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import warnings
 from typing import Any, Callable
 
 import torch
 
+from .. import env as _env
 from ..runtime import database as _database
 from .autograd import BACKEND_KERNELS, register_backend_kernel, unregister_backend_kernel
 
@@ -240,7 +240,7 @@ def plan_cache_functions(cache: Any) -> tuple[Callable[[], list], Callable[[], N
 
 def enable_from_env() -> None:
     """`enable()` when ``OASR_CPP_HOT_PATH=1`` and CUDA is available; a failure warns once and keeps Python."""
-    if os.environ.get(ENV, "").strip().lower() not in ("1", "on", "true", "yes", "cuda"):
+    if not _env.cpp_hot_path():
         return
     if not torch.cuda.is_available():
         return

@@ -14,13 +14,14 @@ import os
 import threading
 import warnings
 
+from .. import env as _env
 from ..configs import Config, ConfigError, Lane, parse
 from . import database, registry
 
 
 def compile_all() -> bool:
     """``OASR_GEMM_COMPILE_SET=all``: every config of the lane is in the production set."""
-    return os.environ.get("OASR_GEMM_COMPILE_SET", "tuned").strip().lower() == "all"
+    return _env.compile_set() == "all"
 
 
 def _db_referenced(arch_family: str, family: str) -> list[str]:

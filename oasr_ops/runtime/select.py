@@ -59,6 +59,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import env as _env
 from ..configs import SENTINELS, ConfigError, parse
 from . import database as _db
 from . import production as _production
@@ -217,8 +218,8 @@ def _make_ctx(family: str, op: str, dtype: Any, n: int, k: int, arch: str, sig: 
     spec = _registry.get(family)
     lane = spec.native_lane(arch)
     # OASR_GEMM_HEURISTIC=0: every shape of a lane-default family gets the lane default (DB and model ignored).
-    heuristic_off = spec.policy == "default" and os.environ.get("OASR_GEMM_HEURISTIC", "").strip() == "0"
-    model_on = os.environ.get("OASR_TUNE_MODEL_FALLBACK", "auto").strip() != "0"
+    heuristic_off = spec.policy == "default" and not _env.gemm_heuristic()
+    model_on = _env.model_fallback()
     chain = []
     if not heuristic_off:
         for tier, e in _db.chain(family, op, dtype, n, k, arch):

@@ -12,7 +12,7 @@ from typing import Any
 from ..runtime import registry
 from .build import BuildOptions, build, default_family, entries_from_log, load_works, model_from_log
 from .candidates import tunable_families
-from .census import check_census
+from .census_file import check_census
 from .prune import TOP_K
 
 log = logging.getLogger("oasr_ops.tune.build")

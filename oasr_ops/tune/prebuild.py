@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = None
     if args.census:
         from .build import BuildOptions
-        from .census import check_census
+        from .census_file import check_census
 
         for c in args.census:
             check_census(c)

@@ -71,7 +71,7 @@ def _points_from_sites(sites: Sequence[Any]) -> list[Point]:
 
 
 def points_from_census(doc: Any) -> list[Point]:
-    from .census import load_census, must_tune_points
+    from .census_file import load_census, must_tune_points
 
     out = []
     for sig, meta, p in must_tune_points(load_census(doc)):

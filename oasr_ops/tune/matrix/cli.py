@@ -30,7 +30,7 @@ def _archs(values: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..census import check_census
+    from ..census_file import check_census
     from .plan import MatrixOptions, check_run_id, make_plan, new_run_id, record_run
 
     if not args.census:
