@@ -43,9 +43,9 @@ from tqdm import tqdm
 from .. import families as _families  # noqa: F401  (fills the registry)
 from ..runtime import registry
 from ..runtime.database import parse_signature
-from .census_file import load_census
 from .candidates import (Candidate, candidates_for, fallback_id, gate_candidates, host_costs, operands_for,
                          parts_of, pseudo_arms, tunable_families)
+from .census_file import load_census
 from .partition import thin_census
 from .points import Point
 from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
