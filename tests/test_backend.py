@@ -412,6 +412,7 @@ def test_one_warning_without_cuda_graphs_on_cuda(monkeypatch):
     assert warned(options={"mode": "reduce-overhead"}) == [] and asked == []  # CUDA graphs: no host path to speed
     first = warned()
     assert len(first) == 1 and "reduce-overhead" in first[0] and "run on the C++ hot path" in first[0]
+    assert "freezing = True" in first[0]  # not frozen: the warning names what folds the per-call weight work
     assert asked == ["CUDA"]  # the served ops switched to the C++ hot path
     assert warned() == [] and warned(options={"max_autotune": False}) == []  # once per process
     assert asked == ["CUDA"] * 3
@@ -455,6 +456,12 @@ def test_without_cuda_graphs_hot_path_off_or_unavailable(monkeypatch):
     monkeypatch.setattr(hot_path, "enabled", lambda: "CUDA")
     (msg,) = warned()
     assert "run on the C++ hot path" in msg
+    # frozen already: the warning does not suggest freezing
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(freezing=True):
+        (msg,) = warned()
+    assert "freezing" not in msg
 
 
 def test_freezing_option_warns_and_global_freezing_folds(monkeypatch):
