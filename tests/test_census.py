@@ -232,3 +232,17 @@ def test_census_points_come_from_each_familys_recorder(monkeypatch):
     tracer = C.ModelTracer(model, lambda b, t: ((b, t, 64), torch.bfloat16, torch.device("cpu")), (0, None))
     pts = C.run_census(tracer, [C.Key(2, 16, 1.0)], "offline").to_json()["signatures"]
     assert [p["m"] for p in pts["gemm|op=gemm|dt=half|N=64|K=64"]["points"]] == [32, 64]
+
+
+def test_every_shipped_census_passes_the_readers_check():
+    """The example censuses the shipped DBs were built from (benchmarks/census/) are what users copy: each passes
+    `check_census` (tune/census_file.py), the check every reader of a census applies."""
+    from pathlib import Path
+
+    from oasr_ops.tune.census_file import check_census
+
+    files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "census").rglob("*.json"))
+    assert len(files) >= 7
+    for f in files:
+        doc = check_census(f)
+        assert doc["signatures"], f
