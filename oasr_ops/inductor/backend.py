@@ -59,6 +59,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 
 from ..runtime.plans import WarnOnce
 from . import rewrite
@@ -90,8 +91,6 @@ def _keep_small_constants_under_freezing(patches: dict[str, Any]) -> None:
     every call, which the C++ hot path cannot take as checked (its values must be read again: a device sync per
     call, measured on the H200 in session 22 as one Python act-quant call per forward). Without freezing those
     scales are graph inputs, tensors already; the constants this keeps are a few scalars."""
-    import torch._inductor.config as inductor_config
-
     if inductor_config.freezing:  # (options={"freezing": True} freezes nothing: `_check_freezing`)
         patches.setdefault("always_keep_tensor_constants", True)
 
@@ -104,8 +103,6 @@ def _any_cuda(example_inputs: Sequence[Any]) -> bool:
 
 
 def _uses_cuda_graphs(patches: dict[str, Any]) -> bool:
-    import torch._inductor.config as inductor_config
-
     return bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
 
 
@@ -137,8 +134,6 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     host = ("gemm, the int8 GEMMs, the depthwise conv and layer_norm_quant run on the C++ hot path, the other oasr "
             "ops add Python host time per call" if not why_not
             else f"the C++ hot path of the oasr ops is {why_not}: every oasr op call adds Python host time")
-    import torch._inductor.config as inductor_config
-
     # Not frozen, every per-call weight transform (BatchNorm folds, casts, permutes) is a launch of its own; frozen
     # they fold once (docs/perf/e2e.md, "Freezing: the A/B with both fixes": int8 frozen 1.44x vs unfrozen 1.11x)
     freeze = ("" if inductor_config.freezing else
@@ -159,8 +154,6 @@ def _check_freezing(opts: dict[str, Any]) -> None:
     it traces (`torch._dynamo.utils.is_parameter_freezing`, torch 2.11-2.13), before any backend sees the graph, and
     it reads the global config; as an option Inductor then folds nothing (measured: the same kernel launches per
     call). The option is dropped with one warning naming what works."""
-    import torch._inductor.config as inductor_config
-
     if opts.pop("freezing", False) and not inductor_config.freezing:
         _warn_once("freezing-option",
                    'backend="oasr": options={"freezing": True} has no effect (Dynamo decides whether parameters '

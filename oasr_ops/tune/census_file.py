@@ -10,7 +10,7 @@ from typing import Any
 
 
 def check_census_doc(doc: Any, where: str) -> None:
-    """UsageError (a ValueError) naming `where`, the signature and the point unless `doc` has the shape the module
+    """UsageError (a ValueError) naming `where`, the signature and the point unless `doc` has the shape `census.py`'s
     docstring gives: a census is a file others write and edit, and a malformed one must not surface as a
     KeyError from deep in a build. What the readers use is checked: every signature's body is an object whose
     ``points`` (if any) are objects with an integer ``m`` (or ``M``) > 0 and, where present, ``weight`` and

@@ -19,6 +19,7 @@ a whole row (N is split over CTAs).
 """
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from typing import Any, Callable, Iterable
@@ -111,7 +112,7 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
     # one that saturates every later input; the first is an error, the second leaves the layer dynamic.
     names = list(amax)
     values = torch.stack([amax[n].float().cpu() for n in names]).tolist() if names else []
-    not_finite = [n for n, v in zip(names, values) if v != v or v in (float("inf"), float("-inf"))]
+    not_finite = [n for n, v in zip(names, values) if not math.isfinite(v)]
     if not_finite:
         raise ValueError(f"calibrate: the inputs of {len(not_finite)} layer(s) held NaN or inf in these batches "
                          f"({', '.join(not_finite[:4])}{', ...' if len(not_finite) > 4 else ''}); no scale was "
