@@ -127,6 +127,24 @@ def test_library_readers_of_a_census_check_it_too(tmp_path):
         points_from_census(doc)
 
 
+def test_every_census_reader_takes_an_upper_case_m(tmp_path):
+    """The check accepts a point's M spelled ``M``; prewarm read only ``m`` (a KeyError after a passing check,
+    until session 24). Both readers now give the same point for either spelling."""
+    from oasr_ops.tune.build import load_censuses
+    from oasr_ops.tune.prewarm import points_from_census
+
+    for spelling in ("m", "M"):
+        doc = _census_doc()
+        body = next(iter(doc["signatures"].values()))
+        body["points"] = [{spelling: 96, "weight": 2.0, "must_tune": True}]
+        [pt] = points_from_census(doc)
+        assert (pt.m, pt.weight, pt.n, pt.k) == (96, 2.0, 256, 1024)
+        f = tmp_path / f"c_{spelling}.json"
+        f.write_text(json.dumps(doc))
+        merged = load_censuses([str(f)])
+        assert [p.m for w in merged.values() for p in w.points] == [96], merged
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_build_without_a_gpu_is_one_line_and_creates_nothing(home, capsys):
     f = home / "in" / "c.json"

@@ -45,7 +45,7 @@ from ..runtime import registry
 from ..runtime.database import parse_signature
 from .candidates import (Candidate, candidates_for, fallback_id, gate_candidates, host_costs, operands_for,
                          parts_of, pseudo_arms, tunable_families)
-from .census_file import load_census
+from .census_file import load_census, point_m
 from .partition import thin_census
 from .points import Point
 from .prune import TOP_K, collect_table, forced_ids, keep_ids, models_for
@@ -87,7 +87,7 @@ def load_censuses(paths: list[str], family: str | None = None) -> dict[str, Sign
                 continue
             wbytes[sig] = max(wbytes.get(sig, 0), model_bytes, int(body.get("weight_bytes", 0) or 0))
             for p in body.get("points", []):
-                m = int(p["m"] if "m" in p else p["M"])
+                m = point_m(p)
                 q = merged.setdefault(sig, {}).get(m)
                 new = Point(m, float(p.get("weight", 1.0)), int(p.get("calls", 0)), bool(p.get("must_tune", False)),
                             float(p.get("eager_fraction", 0.0)))

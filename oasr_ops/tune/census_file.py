@@ -75,6 +75,12 @@ def load_census(path_or_doc: str | Path | dict) -> dict[str, Any]:
     return check_census(path_or_doc, "census")
 
 
+def point_m(p: dict[str, Any]) -> int:
+    """A checked point's M: ``m``, or ``M`` as some hand-written censuses spell it (`check_census_doc` accepts both,
+    so every reader must read both)."""
+    return int(p["m"] if "m" in p else p["M"])
+
+
 def must_tune_points(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(signature, signature meta, point) for every must-tune point of a census document."""
     out = []

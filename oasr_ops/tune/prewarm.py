@@ -71,7 +71,7 @@ def _points_from_sites(sites: Sequence[Any]) -> list[Point]:
 
 
 def points_from_census(doc: Any) -> list[Point]:
-    from .census_file import load_census, must_tune_points
+    from .census_file import load_census, must_tune_points, point_m
 
     out = []
     for sig, meta, p in must_tune_points(load_census(doc)):
@@ -80,7 +80,7 @@ def points_from_census(doc: Any) -> list[Point]:
             raise ValueError(f"prewarm: census signature {sig!r} lacks {', '.join(missing)} (write the census with "
                              "`oasr tune census`)")
         for dt in meta.get("dtypes") or ["fp16"]:
-            out.append(Point(int(p["m"]), float(p.get("weight", 0.0)), signature=sig, family=meta["family"],
+            out.append(Point(point_m(p), float(p.get("weight", 0.0)), signature=sig, family=meta["family"],
                              op=meta["op"], dtype=dt, n=int(meta["n"]), k=int(meta["k"])))
     return out
 
