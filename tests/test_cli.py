@@ -291,6 +291,27 @@ def test_subprocess_exit_code_and_single_line(home):
 
 # ----------------------------------------------------------------------------------------------------- help
 
+def test_a_help_flag_on_the_command_line_reaches_our_parser_not_cutlass_library(home):
+    """cutlass_library's generator parses the process's argv at import (`parse_known_args`): until session 24 the
+    installed `oasr --help` printed cutlass_library's usage and exited, and so did any user program run with
+    `--help` that imported oasr_ops (the scaled_mm family imported the emitter at package import). Now
+    `import oasr_ops` imports no cutlass_library, and every emitter imports it with the argv hidden."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(home / "cache"), "PYTHONPATH": str(ROOT)}
+    user_program = ("import sys; sys.argv = ['server.py', '--help']\n"
+                    "import oasr_ops, oasr_ops.cli\n"
+                    "assert 'cutlass_library' not in sys.modules, 'import oasr_ops loaded cutlass_library'\n"
+                    "from oasr_ops.codegen import emit_fp8, emit_int8, emit\n"  # each guarded, any order
+                    "print('server ran', emit_int8.L.DataType.s8.name)")
+    r = subprocess.run([sys.executable, "-c", user_program], capture_output=True, text=True, env=env,
+                       cwd=home / "in", timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "server ran s8", (r.stdout, r.stderr)
+    console_script = "import sys; sys.argv = ['oasr', 'tune', '--help']; from oasr_ops.cli import main; main()"
+    r = subprocess.run([sys.executable, "-c", console_script], capture_output=True, text=True, env=env,
+                       cwd=home / "in", timeout=300)  # what the installed `oasr` entry point does
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: oasr tune ") and "cutlass" not in r.stdout, r.stdout
+
+
 def _parsers(p, out=None):
     import argparse
 

@@ -22,20 +22,22 @@ epilogue and refuses these variants).
 """
 from __future__ import annotations
 
-from cutlass_library import library as L
-from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
-
 from ..configs import Config
-from .act_math import ACT_MATH
-from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
-from .emit_int8 import ACTIVATIONS, SMM_ABI_VERSION, emit_visitor_kernel
-from .templates import ABI_VERSION
-from .templates import environment as _env
+from ..paths import import_cutlass_library
+
+import_cutlass_library()  # before any `from cutlass_library ...`: its generator would read our command line
+from cutlass_library import library as L  # noqa: E402
+from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation  # noqa: E402
+
+from .act_math import ACT_MATH  # noqa: E402
+from .emit import EmittedKernel, NamedEpilogue, sm90_schedules  # noqa: E402
+from .emit_int8 import emit_visitor_kernel  # noqa: E402
+from .templates import ABI_VERSION  # noqa: E402
+from .templates import environment as _env  # noqa: E402
+from .variants import FP8_ACT_VARIANTS as ACT_VARIANTS  # noqa: E402
+from .variants import SMM_ABI_VERSION  # noqa: E402
 
 OUT_DTYPES = ("fp16", "bf16", "fp8")
-# Quantizing variants with an activation before the e4m3 quantization (op `scaled_mm_fp8_act_quant`): ``fp8_<act>``,
-# the int8 family's activations (the same template snippet).
-ACT_VARIANTS = tuple(f"fp8_{a}" for a in ACTIVATIONS)
 VARIANTS = OUT_DTYPES + ACT_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "fp8": L.DataType.e4m3}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "fp8": 16}  # 128-bit stores

@@ -20,26 +20,31 @@ data-parallel tiles only).
 """
 from __future__ import annotations
 
-from cutlass_library import library as L
-from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation
-
 from ..configs import Config
-from .act_math import ACT_MATH
-from .emit import EmittedKernel, NamedEpilogue, sm90_schedules
-from .templates import ABI_VERSION
-from .templates import environment as _env
+from ..paths import import_cutlass_library
+
+import_cutlass_library()  # before any `from cutlass_library ...`: its generator would read our command line
+from cutlass_library import library as L  # noqa: E402
+from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance, GemmOperation  # noqa: E402
+
+from .act_math import ACT_MATH  # noqa: E402
+from .emit import EmittedKernel, NamedEpilogue, sm90_schedules  # noqa: E402
+from .templates import ABI_VERSION  # noqa: E402
+from .templates import environment as _env  # noqa: E402
+from .variants import (  # noqa: E402  (the names, defined without cutlass_library; re-exported for the emitters)
+    ACT_BIAS_SUFFIX,
+    ACTIVATIONS,
+    RESIDUAL_SUFFIX,
+    RESIDUAL_VARIANTS,
+    SMM_ABI_VERSION,
+    SMMR_ABI_VERSION,
+    act_variant,
+)
+from .variants import INT8_ACT_VARIANTS as ACT_VARIANTS  # noqa: E402
 
 OUT_DTYPES = ("fp16", "bf16", "int8")
-# Quantizing variants with an activation before the quantization (op `scaled_mm_act_quant`): ``int8_<act>``.
-ACTIVATIONS = ("gelu", "silu")
-# Residual variants (op `scaled_mm_residual`): ``<fp16|bf16>_res``, the residual stream added in the epilogue.
-RESIDUAL_SUFFIX = "_res"
-RESIDUAL_VARIANTS = tuple(f"{d}{RESIDUAL_SUFFIX}" for d in ("fp16", "bf16"))
-# The act-quant variants' bias element by suffix ("": fp32, the op's original contract; a 16-bit model's bias is read
-# as it is, which saves the fusion pass a `bias.float()` kernel per call).
-ACT_BIAS_SUFFIX = {"fp32": "", "fp16": "_fp16bias", "bf16": "_bf16bias"}
 _ACT_BIAS_ELEMENT = {"": "float", "_fp16bias": "cutlass::half_t", "_bf16bias": "cutlass::bfloat16_t"}
-ACT_VARIANTS = tuple(f"int8_{a}{b}" for a in ACTIVATIONS for b in _ACT_BIAS_ELEMENT)
+assert tuple(_ACT_BIAS_ELEMENT) == tuple(ACT_BIAS_SUFFIX.values())
 VARIANTS = OUT_DTYPES + ACT_VARIANTS + RESIDUAL_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "int8": L.DataType.s8}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "int8": 16}  # 128-bit stores
@@ -47,11 +52,6 @@ _OPERAND_ALIGN = 16  # int8 elements per 128-bit load
 ELEMENT_D = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "int8_t"}
 # The bias is added in fp32 before the one rounding: of the output dtype for fp16/bf16, fp32 for the quantizing op.
 ELEMENT_BIAS = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "float"}
-
-# Version of the scaled_mm C launcher (`oasr_smm_*`), checked by the loader in oasr_ops/scaled_mm.py.
-SMM_ABI_VERSION = 1
-# Version of the residual variants' launcher (`oasr_smmr_*`: the residual pointer and alpha added), same loader.
-SMMR_ABI_VERSION = 1
 
 
 def _tensor(dtype: L.DataType, layout: L.LayoutType, align: int) -> L.TensorDescription:
@@ -176,12 +176,6 @@ def emit_visitor_kernel(op: GemmOperation, epilogue_type: str) -> EmittedKernel:
         "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h",
     )
     return EmittedKernel(name, definition, includes)
-
-
-def act_variant(activation: str, bias: str | None) -> str:
-    """The kernel variant of one `scaled_mm_act_quant` call: its activation and its bias's element, ``fp32`` /
-    ``fp16`` / ``bf16`` (None, no bias: the fp32 variant, whose bias pointer is then null)."""
-    return f"int8_{activation}{ACT_BIAS_SUFFIX[bias or 'fp32']}"
 
 
 def render_scaled_mm(lane, config: Config, variant: str) -> str:

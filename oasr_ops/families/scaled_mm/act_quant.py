@@ -34,7 +34,7 @@ import torch
 
 from ..autograd import register_inference_op
 from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
-from ...codegen.emit_int8 import act_variant
+from ...codegen.variants import act_variant
 from ...runtime import select as _select
 from ...runtime.plans import PlanCache, check_config_arg, make_plan
 from . import checks, ops

@@ -31,7 +31,7 @@ def load_kernel(spec) -> KernelLibrary:
     """The scaled_mm launcher (``oasr_smm_*``: scale pointers, per-row/per-column flags, optional bias and
     out_scale) of a built kernel; of a residual variant (``<dtype>_res``) its ``oasr_smmr_*`` launcher, whose run
     takes the residual pointer and a float alpha where the others take out_scale and its per-row flag."""
-    from ...codegen.emit_int8 import RESIDUAL_SUFFIX, SMM_ABI_VERSION, SMMR_ABI_VERSION
+    from ...codegen.variants import RESIDUAL_SUFFIX, SMM_ABI_VERSION, SMMR_ABI_VERSION
 
     p, i = ctypes.c_void_p, ctypes.c_int
     if spec.dtype.endswith(RESIDUAL_SUFFIX):

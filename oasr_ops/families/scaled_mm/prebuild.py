@@ -9,7 +9,7 @@ each requested dtype: what the fusion pass passes a 16-bit model's bias to) and 
 `layer_norm_quant` kernels."""
 from __future__ import annotations
 
-from ...codegen.emit_int8 import ACTIVATIONS, RESIDUAL_SUFFIX, act_variant
+from ...codegen.variants import ACTIVATIONS, RESIDUAL_SUFFIX, act_variant
 from ...codegen.jit import JitSpec
 from ...configs import Config
 from ...runtime.production import prebuild_choice

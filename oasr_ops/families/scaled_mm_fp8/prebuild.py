@@ -5,7 +5,7 @@ quantizing (fp8-output) variant. The production and whole-space sets also hold w
 the data-parallel tiles of a lane that has them and the fp8 `layer_norm_quant` kernels."""
 from __future__ import annotations
 
-from ...codegen.emit_fp8 import ACT_VARIANTS
+from ...codegen.variants import FP8_ACT_VARIANTS as ACT_VARIANTS
 from ...codegen.jit import JitSpec
 from ...configs import Config
 from ...runtime.production import prebuild_choice
