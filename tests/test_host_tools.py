@@ -62,3 +62,42 @@ def test_e2e_serving_cpu_smoke_fixed_window(tmp_path):
     assert set(res["graphs"]) == {"fp16-oasr", "int8-ln"}
     assert all(len(v) == 2 for v in res["rel_err"].values())
     assert res["worst_rel_err"]["fp16-oasr"] < 1e-2 and res["worst_rel_err"]["int8-ln"] < 2e-2
+
+
+def _lib_with_fatbin(tmp_path: Path, name: str, blob: bytes | None) -> Path:
+    """A copy of a small ELF file with `blob` as its .nv_fatbin section (None: without one)."""
+    import shutil
+
+    out = tmp_path / name
+    shutil.copy("/bin/true", out)
+    if blob is not None:
+        src = tmp_path / f"{name}.blob"
+        src.write_bytes(blob)
+        subprocess.run(["objcopy", "--add-section", f".nv_fatbin={src}", str(out)], check=True)
+    return out
+
+
+@pytest.mark.skipif(not (Path("/bin/true").exists() and __import__("shutil").which("objcopy")),
+                    reason="needs objcopy and an ELF /bin/true")
+def test_same_device_code_normalises_only_the_translation_unit_hash(tmp_path):
+    """scripts/same_device_code.py (the evidence behind re-stamping a DB file, docs/tuning.md) calls libraries
+    the same when their fatbins differ only in nvcc's per-TU hash, in every place it occurs, and different
+    for any other byte or size; bad input is exit 2, not a traceback."""
+    def code(h: bytes, body: bytes = b"\x01\x02SASS") -> bytes:
+        return b"ELF" + body + b"_ZN80_INTERNAL_" + h + b"_49_kern\x00_GLOBAL__N__" + h + b"_49_x\x00" + body
+
+    old = _lib_with_fatbin(tmp_path, "old.so", code(b"3d175439"))
+    new = _lib_with_fatbin(tmp_path, "new.so", code(b"2daff705"))
+    changed = _lib_with_fatbin(tmp_path, "changed.so", code(b"2daff705", b"\x01\x03SASS"))
+    longer = _lib_with_fatbin(tmp_path, "longer.so", code(b"2daff705", b"\x01\x02SASS!"))
+    bare = _lib_with_fatbin(tmp_path, "bare.so", None)
+    tool = "scripts/same_device_code.py"
+    r = _run(tool, str(old), str(new))
+    assert r.returncode == 0 and r.stdout.startswith("SAME"), (r.stdout, r.stderr)
+    r = _run(tool, str(old), str(new), str(old), str(changed))
+    assert r.returncode == 1 and "DIFFERENT" in r.stdout and "bytes differ" in r.stdout, r.stdout
+    r = _run(tool, str(old), str(longer))
+    assert r.returncode == 1 and "sizes differ" in r.stdout, r.stdout
+    for argv in ([str(old), str(bare)], [str(old), str(tmp_path / "missing.so")], [str(old)]):
+        r = _run(tool, *argv)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (argv, r.stderr)
