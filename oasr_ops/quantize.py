@@ -61,8 +61,17 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
 def _int8_w8a8(model: nn.Module, cfg: Int8W8A8Config, filter_fn: FilterFn | None) -> nn.Module:
     """Every qualifying `nn.Linear` of `model` (the model itself included) becomes a `QuantLinear`, and with
     ``cfg.convs`` every qualifying `nn.Conv2d` a `QuantConv2d`."""
+    if cfg.convs and filter_fn is not None:
+        filter_fn = _asked_up_front(model, filter_fn, (nn.Linear, nn.Conv2d))
     model = quantize_module(model, cfg.kernel, filter_fn)
     return quantize_convs(model, filter_fn) if cfg.convs else model
+
+
+def _asked_up_front(model: nn.Module, filter_fn: FilterFn, kinds: tuple[type, ...]) -> FilterFn:
+    """`filter_fn`'s answer for every module of `kinds`, all asked before either pass swaps anything: the linears
+    are swapped before the convs, so a filter that raised on a conv left the linears quantized."""
+    answers = {id(m): bool(filter_fn(m, fqn)) for fqn, m in model.named_modules() if isinstance(m, kinds)}
+    return lambda module, fqn: answers.get(id(module), False)
 
 
 @register_quantize_handler(Fp8W8A8Config)

@@ -16,7 +16,8 @@ non-default):
 * ``options={"tuning": TuningConfig(...)}``: with ``mode="prewarm"`` the graph's GEMM points that no DB tier
   covers are measured into the user tier before the graph is compiled; with ``strict=True`` an uncovered point
   raises `UncoveredPointsError` instead of compiling with fallbacks. Every other option is an Inductor config
-  patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours.
+  patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours. A key that is
+  neither (a typo), an unknown mode, or options that are not a dict are refused before anything runs.
 * ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`). Then, for every int8
   graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
@@ -161,14 +162,44 @@ def _check_freezing(opts: dict[str, Any]) -> None:
                    "torch._inductor.config.freezing = True before compiling, under torch.no_grad()")
 
 
+# The backend's own options (the module docstring); every other key is an Inductor config patch.
+OPTIONS = ("mode", "quantization", "fuse_quantization", "fuse_residual", "fuse_siblings", "tuning", "freezing",
+           "cpp_hot_path", "eager_regions")
+
+
+def _check_options(options: dict[str, Any], mode: Any) -> None:
+    """ValueError naming an unknown option key (neither the backend's own nor a `torch._inductor.config` option, as
+    `torch.compile`'s Inductor accepts them) or an unknown `mode`, before anything is done (Inductor would otherwise
+    fail deep inside `compile_fx`'s config patch)."""
+    import difflib
+
+    import torch._inductor as inductor
+
+    inductor_keys = inductor_config.get_config_copy()
+    unknown = [k for k in options if k not in OPTIONS and k not in inductor_keys]
+    if unknown:
+        hints = [h[0] for k in unknown for h in [difflib.get_close_matches(str(k), [*OPTIONS, *inductor_keys], n=1)]
+                 if h]
+        hint = f" (did you mean {', '.join(map(repr, hints))}?)" if hints else ""
+        raise ValueError(f'backend="oasr": unknown option(s) {unknown}{hint}; the backend\'s own options are '
+                         f"{list(OPTIONS)}, any other key must be a torch._inductor.config option "
+                         "(torch._inductor.list_options())")
+    modes = list(inductor.list_mode_options())
+    if mode is not None and mode not in modes:
+        raise ValueError(f'backend="oasr": unknown mode {mode!r}; one of {modes}')
+
+
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
                  options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """Dynamo backend: (optional prewarm / strict check) -> Inductor with the oasr rewrite pass."""
     from torch._inductor.compile_fx import compile_fx
 
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f'backend="oasr": options must be a dict, got {type(options).__name__}')
     opts = dict(options or {})
     opts.update(kwargs)
     mode = opts.pop("mode", None) or mode
+    _check_options(opts, mode)
     quantization = opts.pop("quantization", None)
     if quantization:
         from .quantize_pass import quantize_graph
@@ -207,12 +238,9 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         fuse_sibling_gemms(gm)
     tuning = opts.pop("tuning", None)
     if tuning is not None:
-        from ..tune.config import TuningConfig
+        from ..tune.config import as_tuning_config
 
-        if isinstance(tuning, dict):
-            tuning = TuningConfig(**tuning)
-        if not isinstance(tuning, TuningConfig):
-            raise TypeError(f"options['tuning'] must be an oasr_ops.TuningConfig, got {type(tuning).__name__}")
+        tuning = as_tuning_config(tuning, "options['tuning']")
         if tuning.mode == "prewarm" or tuning.strict:
             from ..tune.prewarm import prewarm_graph
 

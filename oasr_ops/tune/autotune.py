@@ -207,7 +207,13 @@ class Autotune:
                  space: str = "all", measure: Measurer | None = None) -> None:
         if space not in SPACES:
             raise ValueError(f"oasr.autotune: space must be one of {SPACES}, got {space!r}")
-        self.tune, self.cache_path, self.publish, self.space = bool(tune), cache, publish, space
+        for name, value in (("tune", tune), ("publish", publish)):
+            if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
+                raise ValueError(f"oasr.autotune: {name} must be True or False, got {value!r}")
+        if cache is not None and os.path.isdir(cache):  # found up front, not when __exit__ writes it (results lost)
+            raise ValueError(f"oasr.autotune: cache {os.fspath(cache)!r} is a directory; pass a JSON file path "
+                             f"(e.g. {os.path.join(os.fspath(cache), 'autotune.json')!r})")
+        self.tune, self.cache_path, self.publish, self.space = tune, cache, publish, space
         self._measure = measure
         self.stats = Stats()
         self.active = False

@@ -5,7 +5,7 @@ them; `oasr_ops.TuningConfig` / `oasr_ops.UncoveredPointsError` re-export them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 _MODES = ("off", "prewarm")
@@ -29,8 +29,26 @@ class TuningConfig:
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
             raise ValueError(f"TuningConfig.mode must be one of {_MODES}, got {self.mode!r}")
+        if not isinstance(self.strict, bool):  # a string such as "no" would otherwise read as True
+            raise ValueError(f"TuningConfig.strict must be True or False, got {self.strict!r}")
         if not (isinstance(self.budget_s, (int, float)) and self.budget_s >= 0):
             raise ValueError(f"TuningConfig.budget_s must be a non-negative number, got {self.budget_s!r}")
+
+
+def as_tuning_config(tuning: Any, what: str, default_mode: str = "off") -> TuningConfig:
+    """`tuning` as a TuningConfig: one as is, a dict of its fields, None -> ``TuningConfig(mode=default_mode)``;
+    TypeError (naming `what`) for anything else. What the backend's ``options={"tuning": ...}`` and `prewarm` take."""
+    if tuning is None:
+        return TuningConfig(mode=default_mode)
+    if isinstance(tuning, dict):
+        try:
+            return TuningConfig(**tuning)
+        except TypeError as e:  # an unknown field
+            raise TypeError(f"{what}: {e}; the fields are {[f.name for f in fields(TuningConfig)]}") from None
+    if not isinstance(tuning, TuningConfig):
+        raise TypeError(f"{what} must be an oasr_ops.TuningConfig or a dict of its fields, got "
+                        f"{type(tuning).__name__}")
+    return tuning
 
 
 class UncoveredPointsError(RuntimeError):

@@ -353,10 +353,16 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
 
 
 def prewarm(model: Any, example_inputs: Sequence[Any], tuning: Any = None, *, census: Any = None) -> PrewarmReport:
-    """See the module docstring. `tuning` defaults to TuningConfig(mode="prewarm")."""
-    from .config import TuningConfig
+    """See the module docstring. `tuning` defaults to TuningConfig(mode="prewarm"); a dict is TuningConfig's fields
+    (as the backend's ``options={"tuning": ...}`` takes it). TypeError for any other `tuning`, and for a bare tensor
+    as `example_inputs` (a sequence of inputs: ``(x,)``)."""
+    import torch
 
-    tuning = tuning or TuningConfig(mode="prewarm")
+    from .config import as_tuning_config
+
+    tuning = as_tuning_config(tuning, "prewarm: tuning", default_mode="prewarm")
+    if isinstance(example_inputs, torch.Tensor):
+        raise TypeError("prewarm: example_inputs must be a sequence of the model's inputs, e.g. (x,), got a tensor")
     pts = points_from_census(census) if census is not None else points_for_model(model, tuple(example_inputs))
     return run_prewarm(pts, tuning)
 

@@ -170,6 +170,8 @@ def _torch_conv(x, w, bias, padding, layout, activation, glu=False):
 def _cpu(x, w, bias, padding, layout, activation, config, glu=False):
     _check(x, w, bias, padding, layout, activation, glu)
     check_config_arg(config)
+    if x.numel() == 0:  # T = 0 or C = 0 (F.conv1d refuses both): the empty output, as the fake and CUDA give
+        return x.new_empty(_out_shape(x, layout, glu))
     return reference_conv1d_depthwise(x, w, bias, padding, layout, activation, glu)
 
 

@@ -5,8 +5,10 @@ int[2] padding, str activation, Tensor out_scale, str config) -> Tensor`.
 a speech frontend's first conv (Conv2d(1, C, 3, stride 2) + ReLU) writes the second conv's int8 input directly,
 half the bytes of its fp16 output and no separate quantization pass (docs/perf/conv.md, session 10). x, w, bias,
 stride, padding and activation are `conv2d_activation`'s; out_scale is fp32 ``[1]``, the per-tensor scale of the
-next layer's input (`oasr_ops.calibrate`), finite and > 0 (not checked on the device: a graph-safe op reads no value
-on the host). Out: ``[B, Ho, Wo, Cout]`` packed NHWC int8::
+next layer's input (`oasr_ops.calibrate`), finite and > 0: a ValueError otherwise, the int8 GEMMs' check
+(`scaled_mm.out_scale.check_out_scale`: a scale's values are read once per version, not inside a CUDA-graph capture
+nor while torch.compile traces; the fake function checks dtype, shape and device). Out: ``[B, Ho, Wo, Cout]`` packed
+NHWC int8::
 
     q = clamp(rint(act(conv(x, w) + bias) * (1 / out_scale)), -127, 127)
 
@@ -29,6 +31,7 @@ import torch
 
 from ..autograd import register_inference_op
 from ...runtime import database as _database
+from ..scaled_mm.out_scale import check_out_scale
 from .ops import (_PLANS, _make_plan, _pair, check, check_config_arg, operand_key, quantize_output,
                   reference_conv2d_fp32)
 
@@ -60,6 +63,7 @@ def reference_conv2d_quant(x, w, bias, stride, padding, activation, out_scale) -
 
 def _cpu(x, w, bias, stride, padding, activation, out_scale, config):
     check_quant(x, w, bias, stride, padding, activation, out_scale)
+    check_out_scale(out_scale, OP)
     check_config_arg(config)
     return reference_conv2d_quant(x, w, bias, stride, padding, activation, out_scale)
 
@@ -76,14 +80,17 @@ def _cuda(x, w, bias, stride, padding, activation, out_scale, config):
     plan = _PLANS.plans.get(key)
     if plan is None:
         ho, wo = check_quant(x, w, bias, stride, padding, activation, out_scale)
+        check_out_scale(out_scale, OP)
         check_config_arg(config)
         out_shape = (int(x.shape[0]), ho, wo, int(w.shape[0]))
         if x.numel() == 0:
             return x.new_empty(out_shape, dtype=torch.int8)
         st, pd = _pair(stride, "stride", f"oasr.{OP}"), _pair(padding, "padding", f"oasr.{OP}")
         plan = _PLANS.get_or_make(key, lambda: _make_plan(config, x, w, st, pd, activation, out_shape, quant=True))
-    elif out_scale.device != x.device or out_scale.dtype != torch.float32 or out_scale.shape != (1,):
-        check_quant(x, w, bias, stride, padding, activation, out_scale)  # the key does not hold out_scale: raise
+    else:
+        if out_scale.device != x.device or out_scale.dtype != torch.float32 or out_scale.shape != (1,):
+            check_quant(x, w, bias, stride, padding, activation, out_scale)  # the key does not hold out_scale: raise
+        check_out_scale(out_scale, OP)  # its values: read once per tensor version, not per call
     plan.calls += 1
     return plan.run(x, w, bias, out_scale)
 

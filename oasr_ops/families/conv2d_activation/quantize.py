@@ -23,14 +23,25 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..scaled_mm.quantize import CalibratedInput
+from ..scaled_mm.quantize import CalibratedInput, check_model, swaps
 from .ops import quantize_output
 from .ops_int8 import quantize_conv_weight
 
 _lib = torch.library.Library("oasr", "FRAGMENT")
 # Composite (decomposes under tracing; Inductor fuses it into one pass or the fusion pass into the producer).
 _lib.define("quantize_per_tensor(Tensor x, Tensor scale) -> Tensor")
-_lib.impl("quantize_per_tensor", quantize_output, "CompositeImplicitAutograd")
+
+
+def _quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`quantize_output` with one scale for the whole tensor (ValueError naming the shape otherwise; its values are
+    not read here: a dynamic scale is a fresh tensor each call, and amax / 127 clamped is > 0 anyway)."""
+    if scale.numel() != 1:
+        raise ValueError(f"oasr.quantize_per_tensor: scale must hold one value (per tensor, shape [1]), got shape "
+                         f"{tuple(scale.shape)}")
+    return quantize_output(x, scale)
+
+
+_lib.impl("quantize_per_tensor", _quantize_per_tensor, "CompositeImplicitAutograd")
 
 
 def dynamic_input_scale(x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +88,8 @@ class QuantConv2d(CalibratedInput):
     def in_features(self) -> int:  # CalibratedInput's name; for a conv the input channels
         return self.weight_q.shape[3]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Conv2d's name: `conv(input=x)` keeps working
+        x = input
         if x.dim() == 3:  # unbatched [C, H, W], as nn.Conv2d accepts
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if x.dim() != 4 or x.shape[1] != self.in_features:
@@ -111,12 +123,11 @@ def quantize_convs(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool]
     def wanted(conv: nn.Module, fqn: str) -> bool:
         return qualifies(conv) and (filter_fn is None or filter_fn(conv, fqn))
 
+    check_model(model)
     if isinstance(model, nn.Conv2d):
         return QuantConv2d.from_conv(model) if wanted(model, "") else model
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
-                setattr(parent, name, QuantConv2d.from_conv(child))
+    for parent, name, child in swaps(model, wanted):  # every filter_fn call first: no half-quantized model
+        setattr(parent, name, QuantConv2d.from_conv(child))
     return model
 
 

@@ -24,7 +24,8 @@ from ...runtime import database as _database
 from .. import hot_path as _hot
 from ..autograd import register_inference_op
 from ...runtime.arch import current_arch_family
-from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
+from ...runtime.plans import check_config_arg as _check_config_arg
 from ...runtime.plans import format_table, parse_table, resolve_table  # noqa: F401  (re-exported)
 from ...runtime.select import select_config
 
@@ -72,6 +73,18 @@ def _check_layout(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
                              "call .contiguous() first")
 
 
+def _lane_reason(cfg: Config) -> str | None:
+    from ...runtime.registry import lanes as _lanes
+
+    return None if any(cfg in l.space for l in _lanes().values() if l.family == "gemm") else "is in no gemm lane"
+
+
+def check_config_arg(config: str) -> None:
+    """ValueError unless `config` is auto, a sentinel, a gemm lane's config id (of any arch: the CPU cannot know the
+    GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake."""
+    _check_config_arg(config, "gemm", _lane_reason)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # reference (CPU, and the `torch` sentinel's epilogue)
 
@@ -100,6 +113,7 @@ def _gemm_cpu(a, w, bias, activation, config):
 
 def _gemm_fake(a, w, bias, activation, config):
     _check(a, w, bias, activation)
+    _check_layout(a, w, bias)  # rejected at compile time, not by the compiled graph's first call
     check_config_arg(config)
     return a.new_empty((*a.shape[:-1], w.shape[0]))
 

@@ -25,6 +25,7 @@ graphs, from the plans made here (docs/perf/e2e.md, "layer_norm_quant on the C++
 """
 from __future__ import annotations
 
+import math
 import struct
 
 import torch
@@ -75,8 +76,8 @@ def _check(x, weight, bias, eps, scheme, config) -> None:
             raise ValueError(f"{op}: {name} must have shape ({n},), got {tuple(t.shape)}")
         if t.device != x.device:
             raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
-    if not isinstance(eps, float) or not eps >= 0.0:
-        raise ValueError(f"{op}: eps must be a float >= 0, got {eps!r}")
+    if not isinstance(eps, float) or not 0.0 <= eps < math.inf:
+        raise ValueError(f"{op}: eps must be a finite float >= 0, got {eps!r}")
     if scheme not in SCHEMES or scheme not in _QMAX:
         raise ValueError(f"{op}: unknown scheme {scheme!r}; supported: {', '.join(_QMAX)}")
     if config != "auto":
@@ -113,6 +114,7 @@ def _cpu(x, weight, bias, eps, normalized, scheme, config):
 
 def _fake(x, weight, bias, eps, normalized, scheme, config):
     _check(x, weight, bias, eps, scheme, config)
+    _check_layout(x, weight, bias)
     m = x.numel() // x.shape[-1]
     return (x.new_empty(x.shape, dtype=_QDTYPE[scheme]), x.new_empty((m,), dtype=torch.float32),
             x.new_empty(x.shape if normalized else (0,)))

@@ -36,7 +36,7 @@ from ..autograd import register_inference_op
 from ...codegen.act_math import GELU_A, GELU_B, GELU_C, GELU_X2_MAX, TANH_APPROX_REL_ERROR
 from ...codegen.variants import act_variant
 from ...runtime import select as _select
-from ...runtime.plans import PlanCache, check_config_arg, make_plan
+from ...runtime.plans import PlanCache, make_plan
 from . import checks, ops
 
 ACTIVATIONS = ("gelu", "silu")
@@ -93,25 +93,27 @@ def reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activ
 
 
 def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
-    checks._check("scaled_mm_quant", a, w, scale_a, scale_w, None, out_scale=out_scale)
+    checks._check("scaled_mm_act_quant", a, w, scale_a, scale_w, None, out_scale=out_scale)
     if isinstance(bias, torch.Tensor) and bias.dtype not in BIAS_DTYPES:
         raise ValueError(f"oasr.scaled_mm_act_quant: bias must be float32, float16 or bfloat16, got {bias.dtype}")
     checks.check_bias("scaled_mm_act_quant", bias, getattr(bias, "dtype", None), w.shape[0], a)
     if activation not in ACTIVATIONS:
         raise ValueError(f"oasr.scaled_mm_act_quant: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    check_config_arg(config, "scaled_mm_quant")
+    ops.check_config_arg(config, "scaled_mm_act_quant")
 
 
 def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
     checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
                          ("bias", bias), ("out_scale", out_scale))
-    ops.check_out_scale(out_scale)
+    ops.check_out_scale(out_scale, "scaled_mm_act_quant")
     return reference_scaled_mm_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation)
 
 
 def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+    checks._check_layout("scaled_mm_act_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                         ("bias", bias), ("out_scale", out_scale))
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 
 
@@ -179,11 +181,11 @@ def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
         n, k = w.shape
         m = checks._rows(a, k)
         if m == 0:
-            ops.check_out_scale(out_scale)
+            ops.check_out_scale(out_scale, "scaled_mm_act_quant")
             return a.new_empty((*a.shape[:-1], n), dtype=torch.int8)
         if plan is None:
             plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, bias_dtype, m, n, k))
-    checked = ops.check_out_scale(out_scale)
+    checked = ops.check_out_scale(out_scale, "scaled_mm_act_quant")
     plan.calls += 1
     if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
         ops.hot_install("scaled_mm_act_quant", config, ops._hot.ACTIVATION_CODES[activation], key, plan,

@@ -83,12 +83,16 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
     hooks = []
     chosen = [(n, m) for n, m in _layers(model) if filter_fn is None or filter_fn(m, n)]
     for name, layer in chosen:
-        def hook(_mod, args, _name=name):
-            x = args[0].detach()
+        def hook(_mod, args, kwargs, _name=name):
+            # the layer's input, positional or by its name (`input`: nn.Linear's, nn.Conv2d's and the quantized layers')
+            x = args[0] if args else kwargs.get("input")
+            if not isinstance(x, torch.Tensor):
+                return
+            x = x.detach()
             a = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
             prev = amax.get(_name)
             amax[_name] = a if prev is None else torch.maximum(prev, a)
-        hooks.append(layer.register_forward_pre_hook(hook))
+        hooks.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
     seen = 0
     try:
         with torch.no_grad():

@@ -8,7 +8,8 @@ import torch
 
 OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 K_ALIGN = 16
-N_ALIGN = {"scaled_mm": 8, "scaled_mm_quant": 16, "scaled_mm_residual": 8}
+N_ALIGN = {"scaled_mm": 8, "scaled_mm_quant": 16, "scaled_mm_act_quant": 16, "scaled_mm_residual": 8}
+QUANT_OPS = ("scaled_mm_quant", "scaled_mm_act_quant")  # int8 output, an out_scale, an fp32 bias
 
 
 def _rows(a: torch.Tensor, k: int) -> int:
@@ -45,6 +46,13 @@ def check_operand_shapes(op: str, a, w, element: str, k_align: int = K_ALIGN) ->
     return n, k
 
 
+def check_per_token_input(op: str, x: torch.Tensor) -> None:
+    """A per-token quantizer's x is ``[..., K]`` with K > 0 (a row's scale is its amax): a ValueError otherwise, also
+    under tracing (the quantizers are composite ops: this runs on the fake tensors too). Shared with the fp8 family."""
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"oasr.{op}: x must be [..., K] with K > 0, got shape {tuple(x.shape)}")
+
+
 def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ValueError(f"oasr.{op}: a and w must be tensors")
@@ -58,7 +66,7 @@ def _check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None
     m = _rows(a, k)
     _check_vec("scale_a", scale_a, m, "M", a, op)
     _check_vec("scale_w", scale_w, n, "N", a, op)
-    if op != "scaled_mm_quant":  # scaled_mm and scaled_mm_residual (residual.py): fp16/bf16 output
+    if op not in QUANT_OPS:  # scaled_mm and scaled_mm_residual (residual.py): fp16/bf16 output
         if out_dtype not in OUT_DTYPES:
             raise ValueError(f"oasr.{op}: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
         bias_dtype = out_dtype

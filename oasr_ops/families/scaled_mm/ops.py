@@ -66,14 +66,16 @@ from ...configs import Config, ConfigError
 from ...runtime import database as _database
 from ...runtime import select as _select
 from ...runtime.arch import current_arch_family, normalize_arch
-from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
+from ...runtime.plans import check_config_arg as _check_config_arg
 from ...runtime.registry import lane_of
 from ...runtime.select import Selection
 # Re-exported: the family's public names (tests, benchmarks and tune/ reach them through this module).
 from .heuristic import (_INT8_LADDER, _INT8_WAVE_MODEL, _WAVE_MODEL_RANGE, _fallback_plugin, _lane_for,  # noqa: F401
                         _tile_mn, heuristic_config, heuristic_ids, ladder_config, sm_count, wave_features,
                         wave_model_config, wave_model_time)
-from .checks import K_ALIGN, N_ALIGN, OUT_DTYPES, _check, _check_layout, _rows, _vec_ok, fast_ok
+from .checks import (K_ALIGN, N_ALIGN, OUT_DTYPES, _check, _check_layout, _rows, _vec_ok, check_per_token_input,
+                     fast_ok)
 from .kernels import get_kernel, load_kernel, production_configs  # noqa: F401
 from .out_scale import check_out_scale
 
@@ -92,6 +94,20 @@ _lib.define(
     tags=(torch.Tag.needs_fixed_stride_order,),
 )
 _lib.define("quantize_per_token(Tensor x) -> (Tensor, Tensor)")
+
+
+def _lane_reason(cfg: Config) -> str | None:
+    from ...runtime.registry import lanes as _lanes
+
+    ok = any(cfg in l.space for l in _lanes().values() if l.family == FAMILY)
+    return None if ok else "is in no scaled_mm (int8) lane"
+
+
+def check_config_arg(config: str, op: str = "scaled_mm") -> None:
+    """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, an int8 lane's config id (of any arch:
+    the CPU cannot know the GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake, for
+    every op of the family (scaled_mm, scaled_mm_quant, scaled_mm_act_quant, scaled_mm_residual)."""
+    _check_config_arg(config, op, _lane_reason)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -141,6 +157,7 @@ def reference_scaled_mm_quant(a, w, scale_a, scale_w, bias, out_scale) -> torch.
 
 def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Composite (decomposes under tracing): per-row symmetric int8 quantization of ``x [..., K]``."""
+    check_per_token_input("quantize_per_token", x)
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
     scale = amax.clamp_min(1e-12) / 127.0
@@ -176,12 +193,15 @@ def _scaled_mm_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
 
 def _scaled_mm_fake(a, w, scale_a, scale_w, bias, out_dtype, config):
     _check("scaled_mm", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    _check_layout("scaled_mm", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias))
     check_config_arg(config, "scaled_mm")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
 def _scaled_mm_quant_fake(a, w, scale_a, scale_w, bias, out_scale, config):
     _check("scaled_mm_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    _check_layout("scaled_mm_quant", ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w),
+                  ("bias", bias), ("out_scale", out_scale))
     check_config_arg(config, "scaled_mm_quant")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=torch.int8)
 

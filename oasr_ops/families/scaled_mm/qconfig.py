@@ -9,7 +9,7 @@ Lives in the scaled_mm family (layer 3) so the graph pass (layer 5) and the publ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,22 @@ class Int8W8A8Config:
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
             raise ValueError(f"Int8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+        from .ops import check_config_arg  # (ops imports torch and the kernels: not at this module's import)
+
+        check_kernel_field("Int8W8A8Config", self.kernel, check_config_arg)
         if self.layers not in ("all", "fusable"):
             raise ValueError(f"Int8W8A8Config.layers must be 'all' or 'fusable', got {self.layers!r}")
         if not isinstance(self.convs, bool):
             raise ValueError(f"Int8W8A8Config.convs must be True or False, got {self.convs!r}")
+
+
+def check_kernel_field(config_type: str, kernel: str, check_config_arg: Callable[[str], None]) -> None:
+    """A quantization config's ``kernel``, checked up front by its op's config rule (`check_config_arg`: auto, a
+    sentinel, an id of the family's lanes, a region table) rather than at the first call on a GPU."""
+    try:
+        check_config_arg(kernel)
+    except ValueError as e:
+        raise ValueError(f"{config_type}.kernel: {e}") from None
 
 
 # The string names of the older API -> their config type (constructed with its defaults). Other families add

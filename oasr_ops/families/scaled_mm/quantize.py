@@ -37,6 +37,7 @@ def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Ten
     """`F.linear` of an int8 W8A8 layer: per-token activation quantization, then `oasr::scaled_mm`. Shared by
     `QuantLinear` and the backend's `options={"quantization": ...}` rewrite, so both run the same ops. A calibrated
     `input_scale` ([1], `oasr_ops.calibrate`) rides along for the fusion pass (the op still quantizes per token)."""
+    check_input_width(x, weight_q)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
     if input_scale is None:
@@ -46,6 +47,13 @@ def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Ten
     y = torch.ops.oasr.scaled_mm(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
     y = y.reshape(*lead, weight_q.shape[0])
     return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def check_input_width(x: torch.Tensor, weight_q: torch.Tensor) -> None:
+    """ValueError unless `x` is ``[..., K]`` for the layer's ``[N, K]`` weight (as `F.linear` would say)."""
+    k = weight_q.shape[1]
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(f"quantized linear: the input must be [..., in_features={k}], got shape {tuple(x.shape)}")
 
 
 def qualifies(linear: nn.Linear) -> bool:
@@ -170,8 +178,8 @@ class QuantLinear(CalibratedInput):
         out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.float16
         return cls(wq, sw, linear.bias, out_dtype, config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear(x, *self._linear_args())
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear's name: `layer(input=x)` keeps working
+        return quantized_linear(input, *self._linear_args())
 
 
 def quantize_module(model: nn.Module, config: str = "auto",
@@ -182,13 +190,26 @@ def quantize_module(model: nn.Module, config: str = "auto",
     def wanted(linear: nn.Module, fqn: str) -> bool:
         return isinstance(linear, nn.Linear) and qualifies(linear) and (filter_fn is None or filter_fn(linear, fqn))
 
+    check_model(model)
     if isinstance(model, nn.Linear):
         return QuantLinear.from_linear(model, config) if wanted(model, "") else model
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
-                setattr(parent, name, QuantLinear.from_linear(child, config))
+    for parent, name, child in swaps(model, wanted):
+        setattr(parent, name, QuantLinear.from_linear(child, config))
     return model
+
+
+def check_model(model: object) -> None:
+    """TypeError unless `model` is an `nn.Module` (what `quantize_` transforms)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_: model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+def swaps(model: nn.Module, wanted: Callable[[nn.Module, str], bool]) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, child) of every child of `model`'s modules that `wanted(child, fqn)` selects, all
+    decided before any swap: a `filter_fn` that raises leaves the model as it was, not half quantized."""
+    return [(parent, name, child) for parent_name, parent in list(model.named_modules())
+            for name, child in list(parent.named_children())
+            if wanted(child, f"{parent_name}.{name}" if parent_name else name)]
 
 
 def schemes() -> dict[str, Callable[..., nn.Module]]:

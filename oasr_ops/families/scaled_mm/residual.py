@@ -34,7 +34,7 @@ import torch
 from ..autograd import register_inference_op
 from ...configs import SENTINELS, parse
 from ...runtime import select as _select
-from ...runtime.plans import PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.plans import PlanCache, WarnOnce, make_plan
 from . import checks, ops
 
 OP = "scaled_mm_residual"
@@ -73,7 +73,7 @@ def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> 
         raise ValueError(f"oasr.{OP}: residual is on {residual.device}, a on {a.device}")
     if not _alpha_ok(alpha):
         raise ValueError(f"oasr.{OP}: alpha must be a finite float within fp32's range, got {alpha!r}")
-    check_config_arg(config, "scaled_mm")
+    ops.check_config_arg(config, OP)
 
 
 def _check_layout(a, w, scale_a, scale_w, bias, residual) -> None:
@@ -89,6 +89,7 @@ def _cpu(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
 
 def _fake(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
     _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
+    _check_layout(a, w, scale_a, scale_w, bias, residual)
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 

@@ -34,7 +34,7 @@ from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation, epilogue_fma_fp
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
 from ..scaled_mm.out_scale import check_out_scale
 from ...runtime import select as _select
-from ...runtime.plans import PlanCache, check_config_arg, make_plan
+from ...runtime.plans import PlanCache, make_plan
 from ...runtime.registry import native_lane
 from . import ops
 from .heuristic import heuristic_config
@@ -59,10 +59,10 @@ def reference_scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, bias, out_scale, a
 
 
 def _check(a, w, scale_a, scale_w, bias, out_scale, activation, config) -> None:
-    check(DB_OP, a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    check(OP, a, w, scale_a, scale_w, bias, out_scale=out_scale)
     if activation not in ACTIVATIONS:
         raise ValueError(f"oasr.{OP}: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    check_config_arg(config, DB_OP)
+    ops.check_config_arg(config, OP)
 
 
 def _layout(a, w, scale_a, scale_w, bias, out_scale) -> None:
@@ -79,6 +79,7 @@ def _cpu(a, w, scale_a, scale_w, bias, out_scale, activation, config):
 
 def _fake(a, w, scale_a, scale_w, bias, out_scale, activation, config):
     _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+    _layout(a, w, scale_a, scale_w, bias, out_scale)
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=FP8)
 
 

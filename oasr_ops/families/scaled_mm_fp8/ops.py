@@ -37,7 +37,8 @@ from ...configs import parse as parse_config
 from ...runtime import database as _database
 from ...runtime import select as _select
 from ...runtime.arch import current_arch_family, normalize_arch
-from ...runtime.plans import Plan, PlanCache, WarnOnce, check_config_arg, make_plan
+from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
+from ...runtime.plans import check_config_arg as _check_config_arg
 from ...runtime.registry import lane_of, native_lane
 from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
@@ -73,6 +74,19 @@ _lib.impl("quantize_per_token_fp8_calibrated", lambda x, calibrated_scale: quant
           "CompositeImplicitAutograd")
 
 
+def _lane_reason(cfg: Config) -> str | None:
+    from ...runtime.registry import lanes as _lanes
+
+    ok = any(cfg in l.space for l in _lanes().values() if l.family == FAMILY)
+    return None if ok else "is in no scaled_mm_fp8 lane"
+
+
+def check_config_arg(config: str, op: str = "scaled_mm_fp8") -> None:
+    """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, an fp8 lane's config id (of any arch:
+    the CPU cannot know the GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake."""
+    _check_config_arg(config, op, _lane_reason)
+
+
 def _layout(op, a, w, scale_a, scale_w, bias, out_scale=None) -> None:
     check_layout(op, ("a", a), ("w", w), ("scale_a", scale_a), ("scale_w", scale_w), ("bias", bias),
                  ("out_scale", out_scale))
@@ -95,12 +109,14 @@ def _scaled_mm_fp8_quant_cpu(a, w, scale_a, scale_w, bias, out_scale, config):
 
 def _scaled_mm_fp8_fake(a, w, scale_a, scale_w, bias, out_dtype, config):
     check("scaled_mm_fp8", a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
+    _layout("scaled_mm_fp8", a, w, scale_a, scale_w, bias)
     check_config_arg(config, "scaled_mm_fp8")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
 def _scaled_mm_fp8_quant_fake(a, w, scale_a, scale_w, bias, out_scale, config):
     check("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale=out_scale)
+    _layout("scaled_mm_fp8_quant", a, w, scale_a, scale_w, bias, out_scale)
     check_config_arg(config, "scaled_mm_fp8_quant")
     return a.new_empty((*a.shape[:-1], w.shape[0]), dtype=FP8)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..scaled_mm.qconfig import register_scheme
+from ..scaled_mm.qconfig import check_kernel_field, register_scheme
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Fp8W8A8Config:
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
             raise ValueError(f"Fp8W8A8Config.kernel must be a config id string, got {self.kernel!r}")
+        from .ops import check_config_arg  # (ops imports torch and the kernels: not at this module's import)
+
+        check_kernel_field("Fp8W8A8Config", self.kernel, check_config_arg)
         if self.layers not in ("all", "fusable"):
             raise ValueError(f"Fp8W8A8Config.layers must be 'all' or 'fusable', got {self.layers!r}")
 

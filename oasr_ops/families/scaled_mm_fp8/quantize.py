@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..scaled_mm.quantize import CalibratedInput
+from ..scaled_mm.quantize import CalibratedInput, check_input_width, check_model, swaps
 from .reference import FP8_MAX, quantize_weight_fp8
 
 SCHEME = "fp8_w8a8"
@@ -26,6 +26,7 @@ def quantized_linear_fp8(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch
     """`F.linear` of an fp8 W8A8 layer: per-token e4m3 activations, then `oasr::scaled_mm_fp8`. Shared by
     `Fp8QuantLinear` and the backend's `options={"quantization": "fp8_w8a8"}` rewrite. A calibrated `input_scale`
     ([1], `oasr_ops.calibrate`: amax / 448) rides along for the fusion pass (the op still quantizes per token)."""
+    check_input_width(x, weight_q)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight_q.shape[1]).contiguous()
     if input_scale is None:
@@ -60,8 +61,8 @@ class Fp8QuantLinear(CalibratedInput):
         out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.bfloat16
         return cls(wq, sw, linear.bias, out_dtype, config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear_fp8(x, *self._linear_args())
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear's name: `layer(input=x)` keeps working
+        return quantized_linear_fp8(input, *self._linear_args())
 
 
 def quantize_module(model: nn.Module, config: str = "auto",
@@ -71,12 +72,11 @@ def quantize_module(model: nn.Module, config: str = "auto",
     def wanted(linear: nn.Module, fqn: str) -> bool:
         return isinstance(linear, nn.Linear) and qualifies(linear) and (filter_fn is None or filter_fn(linear, fqn))
 
+    check_model(model)
     if isinstance(model, nn.Linear):
         return Fp8QuantLinear.from_linear(model, config) if wanted(model, "") else model
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if wanted(child, f"{parent_name}.{name}" if parent_name else name):
-                setattr(parent, name, Fp8QuantLinear.from_linear(child, config))
+    for parent, name, child in swaps(model, wanted):  # every filter_fn call first: no half-quantized model
+        setattr(parent, name, Fp8QuantLinear.from_linear(child, config))
     return model
 
 

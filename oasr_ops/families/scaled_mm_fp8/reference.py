@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 # the row count and the scale-vector check are the int8 family's: the same rules, the same messages
-from ..scaled_mm.checks import _check_vec, _rows as rows, check_bias, check_operand_shapes  # noqa: F401  (rows)
+from ..scaled_mm.checks import (_check_vec, _rows as rows, check_bias, check_operand_shapes,  # noqa: F401  (rows)
+                                check_per_token_input)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -85,6 +86,7 @@ def reference_scaled_mm_fp8_quant(a, w, scale_a, scale_w, bias, out_scale) -> to
 def quantize_per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric e4m3: ``scale = max(amax(|x|, -1), tiny) / 448`` (fp32 [M]), ``q = e4m3(x / scale)``
     (x's shape). Composite: it decomposes into aten ops under tracing, so Inductor fuses it with x's producer."""
+    check_per_token_input("quantize_per_token_fp8", x)
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
     scale = amax.clamp_min(1e-12) / FP8_MAX
