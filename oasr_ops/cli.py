@@ -28,6 +28,26 @@ _TUNE_MODULES = ("oasr_ops.tune.census_cli", "oasr_ops.tune.build_cli", "oasr_op
                  "oasr_ops.tune.serving_regions_cli")
 
 
+# Subcommands whose --arch defaults to OASR_ARCH (then this GPU's): a misspelt OASR_ARCH is their input as much
+# as a misspelt --arch, and is named as such before they run (status called it an --arch error, evaluate and
+# build raised a traceback from deep in the arch lookup).
+_ARCH_FROM_ENV = ("status", "evaluate", "build")
+
+
+def _check_arch_env(args: argparse.Namespace) -> None:
+    if getattr(args, "tune_command", None) not in _ARCH_FROM_ENV or getattr(args, "arch", None) \
+            or getattr(args, "default_config", None):  # evaluate --default-config reads no arch
+        return
+    env = os.environ.get("OASR_ARCH", "").strip()
+    if env:
+        from .runtime.arch import normalize_arch
+
+        try:
+            normalize_arch(env)
+        except ValueError as e:
+            raise UsageError(f"OASR_ARCH: {e}") from None
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to an option's help unless the help already
     says its default or there is none to show (None / False / an empty list: the help says what happens)."""
@@ -90,6 +110,8 @@ class _StderrHandler(logging.Handler):
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         msg = record.getMessage()
+        if record.exc_info:  # e.g. the traceback of a user's model that failed, logged at DEBUG (-v) beside the
+            msg += "\n" + self.formatException(record.exc_info)  # one-line error
         if record.levelno >= logging.WARNING:
             return f"oasr: {record.levelname.lower()}: {msg}"
         return f"oasr: {msg}"
@@ -118,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         prog = f"oasr tune {args.tune_command}" if getattr(args, "tune_command", None) else "oasr"
         setup_logging(args.verbose - args.quiet)
+        _check_arch_env(args)
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"{e.prog or prog}: error: {e}", file=sys.stderr)

@@ -179,8 +179,8 @@ def test_build_from_log_missing_or_corrupt(home, capsys):
 
 def test_build_option_errors(home, capsys):
     _usage_error(home, capsys, ["tune", "build"], "--census is required")
-    _usage_error(home, capsys, ["tune", "build", "--census", "a.json", "--max-points", "0"], "--max-points",
-                 "must be >= 1")
+    _usage_error(home, capsys, ["tune", "build", "--census", "a.json", "--max-points", "1"], "--max-points",
+                 "must be >= 2")  # the planner keeps the smallest and the largest M
     _usage_error(home, capsys, ["tune", "build", "--stamp-from", "a.json", "--census", "c.json"], "--stamp-from")
     _usage_error(home, capsys, ["tune", "build", "--census", "a", "--from-log", "b"], "exclude each other")
 

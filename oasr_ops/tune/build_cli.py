@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,17 @@ from .prune import TOP_K
 
 log = logging.getLogger("oasr_ops.tune.build")
 
-def _check_log(path: str) -> None:
-    """UsageError unless `path` is a measurement log: JSON lines, each an object with signature, m, config and
-    median_s (what `entries_from_log` reads), at least one."""
+def _check_log(path: str, family: str) -> None:
+    """UsageError unless `path` is a measurement log of `family`: JSON lines, each an object with signature, m,
+    config and median_s (what `entries_from_log` reads) whose values `evaluate.record_problem` accepts and whose
+    signature is a tuning signature, at least one of `family`. Records of another family are left out (a DB
+    file holds one family; `entries_from_log(family=...)`), with one warning."""
     from ..errors import UsageError, existing_file
+    from ..runtime.database import parse_signature
+    from .evaluate import record_problem
 
     existing_file(path, "--from-log")
-    n = 0
+    n, others = 0, {}
     try:
         with open(path, encoding="utf-8") as f:
             for i, line in enumerate(f, 1):
@@ -31,18 +37,52 @@ def _check_log(path: str) -> None:
                     continue
                 try:
                     r = json.loads(line)
-                    ok = isinstance(r, dict) and isinstance(r.get("signature"), str) and \
-                        isinstance(r.get("config"), str) and float(r["median_s"]) >= 0 and int(r["m"]) > 0
-                except (ValueError, TypeError, KeyError, RecursionError):
-                    ok = False
-                if not ok:
+                    why = record_problem(r)
+                except (ValueError, RecursionError):
+                    r, why = None, "not JSON"
+                if why is None and not all(k in r for k in ("signature", "m", "config", "median_s")):
+                    why = "lacks one of signature, m, config, median_s"
+                elif why is None and not (isinstance(r["median_s"], (int, float)) and r["median_s"] >= 0):
+                    why = f"median_s must be a number >= 0, got {json.dumps(r['median_s'])}"  # the partition's times
+                if why is not None:
                     raise UsageError(f"--from-log {path}:{i}: not a measurement record (JSON with signature, m, "
-                                     "config, median_s)")
-                n += 1
+                                     f"config, median_s): {why}")
+                parts = parse_signature(r["signature"])
+                if parts is None:
+                    raise UsageError(f"--from-log {path}:{i}: signature {r['signature'][:80]!r} is not a tuning "
+                                     "signature")
+                if parts.family == family:
+                    n += 1
+                else:
+                    others[parts.family] = others.get(parts.family, 0) + 1
     except UnicodeDecodeError:
         raise UsageError(f"--from-log {path}: not UTF-8 text") from None
+    held = ", ".join(f"{c} {fam}" for fam, c in sorted(others.items()))
     if n == 0:
-        raise UsageError(f"--from-log {path}: no measurement records")
+        raise UsageError(f"--from-log {path}: no measurement records of the {family} family"
+                         + (f" (it holds {held}: see --family)" if held else ""))
+    if others:
+        log.warning("--from-log %s: %s record(s) of other families left out (--family %s)", path, held, family)
+
+
+def check_tier_dir(out: str, arch: str | None, opt: str = "--out") -> None:
+    """UsageError unless the tier `out` names (user | system | a directory) can hold `<arch>/<family>.json`: a
+    path component that exists as a regular file (OASR_TUNE_USER_DB pointing at one, a typo'd --out) would be a
+    NotADirectoryError from the writer after the work is done. `opt`: the option that named the tier."""
+    from ..errors import UsageError
+    from ..paths import system_db_dir, user_db_dir
+
+    if not out:
+        raise UsageError(f"{opt}: empty (user | system | a directory)")
+    root = user_db_dir() if out == "user" else system_db_dir() if out == "system" else Path(out).expanduser()
+    if root is None:
+        raise UsageError(f"{opt} user: the user tier is disabled (OASR_TUNE_USER_DB=off)")
+    what = {"user": f"{opt} user (OASR_TUNE_USER_DB)", "system": f"{opt} system"}.get(out, f"{opt} {out}")
+    p = root / arch if arch else root
+    while not p.exists() and p != p.parent:  # the nearest existing ancestor decides
+        p = p.parent
+    if not p.is_dir():
+        raise UsageError(f"{what}: {p} is not a directory")
 
 
 def _arch_for_cli(arch: str | None) -> str:
@@ -71,12 +111,11 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--census is required (or --from-log)")
     if args.out not in ("user", "system") and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: not a directory (user | system | a directory)")
-    if args.out == "user":
-        from ..paths import user_db_dir
-
-        if user_db_dir() is None:
-            raise UsageError("--out user: the user tier is disabled (OASR_TUNE_USER_DB=off)")
-    arch = args.arch or current_arch_family() or "unknown"
+    check_tier_dir(args.out, None)
+    try:
+        arch = args.arch or current_arch_family() or "unknown"
+    except ValueError as e:  # a misspelt OASR_ARCH (a bad --arch is named by _arch_for_cli)
+        raise UsageError(f"OASR_ARCH: {e}") from None
     run_dir = cache_root() / "tune" / "v2" / "measurements"
     opts = BuildOptions(
         out=args.out, family=args.family, fresh=args.fresh, thin=args.thin, max_points=args.max_points,
@@ -89,14 +128,18 @@ def _run(args: argparse.Namespace) -> int:
         from . import database
         from ..runtime.registry import native_lane
 
-        _check_log(args.from_log)
+        _check_log(args.from_log, args.family)
         stamp_doc = json_file(args.stamp_from, "--stamp-from") if args.stamp_from else None
         if stamp_doc is not None and not (isinstance(stamp_doc, dict) and isinstance(stamp_doc.get("validators"),
                                                                                      dict)):
             raise UsageError(f"--stamp-from {args.stamp_from}: not a tuning DB file (no 'validators')")
         a = _arch_for_cli(args.arch)
+        check_tier_dir(args.out, a)
         lane = native_lane(a, args.family)
-        entries, stamp = entries_from_log(args.from_log, opts)
+        if lane is None:  # as the measuring build: a file no lane of the arch serves would be written and ignored
+            raise UsageError(f"no {args.family} lane is native to {a}")
+        # partitioned for the arch it is published for (its lane's candidates and fallback), of --family only
+        entries, stamp = entries_from_log(args.from_log, replace(opts, arch=a), family=args.family)
         if stamp_doc is not None:  # a log written before logs carried validators: the GPU-written file's stamp
             stamp = stamp_doc["validators"]
         if stamp is None:
@@ -126,6 +169,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("measuring needs a CUDA GPU and none is available here (--from-log re-partitions a "
                          "finished log without one)")
     a = _arch_for_cli(args.arch)
+    check_tier_dir(args.out, a)
     if registry.native_lane(a, args.family) is None:
         raise UsageError(f"no {args.family} lane is native to {a}")
     opts.log.parent.mkdir(parents=True, exist_ok=True)  # validated: now the run may create its directories
@@ -153,6 +197,21 @@ def int_at_least(minimum: int) -> Any:
     return conv
 
 
+def float_at_least(minimum: float) -> Any:
+    """argparse type: a finite number >= `minimum` (the partition's thresholds: NaN compares false everywhere and
+    would pass every region, infinity none)."""
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(v) and v >= minimum):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= {minimum:g}")
+        return v
+    conv.__name__ = "number"
+    return conv
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="measure census points on this GPU and write tuning entries",
                        description="Measure every census point's candidate kernels on this GPU, partition M into "
@@ -167,12 +226,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--family", default=default_family(), choices=tunable_families(), help="kernel family to tune")
     p.add_argument("--fresh", action="store_true", help="replace the tier's file instead of merging")
     p.add_argument("--thin", action="store_true", help="cap census points per signature (--max-points)")
-    p.add_argument("--max-points", type=int_at_least(1), default=16, help="with --thin: census points per signature")
+    # --max-points >= 2: the planner keeps the smallest and the largest census M of a signature
+    p.add_argument("--max-points", type=int_at_least(2), default=16, help="with --thin: census points per signature")
     p.add_argument("--max-fill", type=int_at_least(0), default=8, help="ladder fill points per signature")
-    p.add_argument("--min-speedup", type=float, default=1.05,
-                   help="a region config must beat the fallback by this factor over its region")
-    p.add_argument("--max-loss", type=float, default=0.02,
-                   help="a region config may lose to the fallback by at most this fraction at any point")
+    p.add_argument("--min-speedup", type=float_at_least(1.0), default=1.05,
+                   help="a region config must beat the fallback by this factor (>= 1) over its region")
+    p.add_argument("--max-loss", type=float_at_least(0.0), default=0.02,
+                   help="a region config may lose to the fallback by at most this fraction (>= 0) at any point")
     p.add_argument("--rounds", type=int_at_least(1), default=5, help="interleaved measuring rounds per point")
     p.add_argument("--no-prune", action="store_true",
                    help="measure every arm at every point (default: the cost model's --top-k + the forced set)")

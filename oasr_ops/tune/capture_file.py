@@ -28,6 +28,53 @@ def read_capture(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def capture_problem(r: Any) -> str | None:
+    """Why a capture record cannot be merged into a census, or None: ``signature`` a tuning signature, ``m`` an
+    integer > 0, ``calls`` (default 1) an integer >= 0, ``dtype`` (default half) a string."""
+    from ..runtime.database import parse_signature
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(r, dict):
+        return "not a JSON object"
+    if parse_signature(r.get("signature")) is None:
+        return f"signature {json.dumps(r.get('signature'))[:80]} is not a tuning signature"
+    if not (is_int(r.get("m")) and r["m"] > 0):
+        return f"m must be an integer > 0, got {json.dumps(r.get('m'))[:40]}"
+    if "calls" in r and not (is_int(r["calls"]) and r["calls"] >= 0):
+        return f"calls must be an integer >= 0, got {json.dumps(r['calls'])[:40]}"
+    if "dtype" in r and not isinstance(r["dtype"], str):
+        return f"dtype must be a string, got {json.dumps(r['dtype'])[:40]}"
+    return None
+
+
+def check_capture(path: str | os.PathLike) -> int:
+    """The number of records of the capture file at `path`, every line checked (`capture_problem`): ValueError
+    naming the file and line. `oasr tune census --capture` runs this before tracing — `read_capture` skips what
+    it cannot parse (the recorder's merge must never fail), and a record it keeps with a negative M or a
+    fractional call count would make a census `oasr tune build` refuses after the trace."""
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except RecursionError:
+                    raise ValueError(f"{path}:{i}: JSON nested too deeply") from None
+                except ValueError as e:
+                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+                why = capture_problem(r)
+                if why is not None:
+                    raise ValueError(f"{path}:{i}: {why}")
+                n += 1
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    return n
+
+
 def write_counts(path: str | os.PathLike, counts: Counter) -> None:
     """Merge `counts` into the capture file at `path` (lock, re-read, add, atomic replace)."""
     from filelock import FileLock

@@ -343,12 +343,12 @@ def load_builder(spec: str) -> tuple[Callable[..., Any], Any]:
     if not sep or not target or not fn_name:
         raise ValueError(f"--model expects module:function or path/to/file.py:function, got {spec!r}")
     if target.endswith(".py") or "/" in target or os.sep in target:
-        mod = _import_file(Path(target))
+        mod = _import_file(Path(target), spec)
     else:
         if os.getcwd() not in sys.path:  # a module under the current directory, as `python -m` would find it
             sys.path.append(os.getcwd())
         try:
-            mod = importlib.import_module(target)
+            mod = _import_module(target, spec)
         except ImportError as e:
             raise ValueError(f"--model {spec!r}: cannot import {target!r} ({e}); give a module importable from "
                              "here or a file path such as examples/conformer.py:build_model") from None
@@ -358,7 +358,19 @@ def load_builder(spec: str) -> tuple[Callable[..., Any], Any]:
     return fn, mod
 
 
-def _import_file(path: Path) -> Any:
+def _import_module(name: str, spec: str) -> Any:
+    """importlib.import_module(name). What the module's own code raises while it is imported (a SyntaxError, an
+    exception at its top level) is the user's code failing, not ours: ValueError naming --model and the
+    exception, chained to it (the CLI shows the traceback under -v). ImportError propagates as it is."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise
+    except Exception as e:
+        raise ValueError(f"--model {spec}: {type(e).__name__}: {e} (importing {name})") from e
+
+
+def _import_file(path: Path, spec: str = "") -> Any:
     path = path.expanduser().resolve()
     if not path.is_file() or path.suffix != ".py":
         raise ValueError(f"--model: no Python file {path}")
@@ -369,7 +381,7 @@ def _import_file(path: Path) -> Any:
     if str(root) not in sys.path:
         sys.path.append(str(root))
     name = ".".join(parts)
-    mod = importlib.import_module(name)
+    mod = _import_module(name, spec or str(path))
     if Path(mod.__file__ or "").resolve() != path:
         raise ValueError(f"--model: {name} resolves to {mod.__file__}, not {path} (another package named "
                          f"{parts[0]!r} comes first on sys.path)")
@@ -386,11 +398,17 @@ def build_for_census(builder: Callable[..., Any], args: dict[str, Any]) -> Any:
 
 
 def input_maker(model: Any, info: dict[str, Any]) -> tuple[Callable[[int, int], Any], tuple[int, int | None]]:
+    import itertools
+
     import torch
 
-    p = next(iter(model.parameters()))
-    dtype = p.dtype if p.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
-    device = p.device
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the census traces a torch.nn.Module, got {type(model).__name__}")
+    # The input follows the weights' dtype and device; a model without parameters (a quantized one keeps its
+    # weights in buffers, an activation has none) follows its first buffer, else fp16 on the CPU.
+    p = next(itertools.chain(model.parameters(), model.buffers()), None)
+    dtype = p.dtype if p is not None and p.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+    device = p.device if p is not None else torch.device("cpu")
     feat = int(info.get("n_mels", 80))
     layout = str(info.get("input_layout", "BTF")).upper()
     fixed = info.get("fixed_window")

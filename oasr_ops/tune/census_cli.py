@@ -6,12 +6,24 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
+import math
+import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from ..paths import write_text_atomic
 from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, _parse_model_args, build_for_census,
                      census_for_model, load_builder, merge_capture, read_manifest)
+
+log = logging.getLogger("oasr_ops.tune.census")
+
+# Offline time buckets a census may span (--max-seconds or the manifest's longest utterance over
+# --time-granularity): far above any real deployment (64-frame buckets of 10 ms frames: 17 hours), and a bound
+# on the key list a typo (1e9 seconds) would otherwise build before --max-keys trims it.
+MAX_TIME_BUCKETS = 100_000
+
 
 def _positive(kind: type) -> Callable[[str], Any]:
     def conv(text: str) -> Any:
@@ -19,8 +31,8 @@ def _positive(kind: type) -> Callable[[str], Any]:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        if not 0 < v < math.inf:  # NaN and infinity too: a number of seconds or streams is finite
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
         return v
     conv.__name__ = f"positive {kind.__name__}"
     return conv
@@ -72,6 +84,53 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=main)
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception of the user's code as ``Type: message`` on one line (the CLI's error is one line)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def _same_file(a: Path, b: str | os.PathLike[str]) -> bool:
+    try:
+        return a.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _refuse_overwriting_inputs(out: Path, inputs: list[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """UsageError when --out is (a link to) one of the files the census reads: the atomic write would replace
+    the manifest, capture or model source with the census."""
+    from ..errors import UsageError
+
+    for what, path in inputs:
+        if path and _same_file(out, path):
+            raise UsageError(f"--out {out}: is the {what} file {path}; write the census elsewhere")
+
+
+def _concurrency(doc: Any, path: str, max_batch_size: int) -> dict[int, float]:
+    """The --concurrency histogram, checked: widths in 1..--max-batch-size (a width above it gets no key, so its
+    weight would vanish and the rest be rescaled), weights finite numbers >= 0, not all zero."""
+    from ..errors import UsageError
+
+    where = f"--concurrency {path}"
+    if not isinstance(doc, dict) or not doc:
+        raise UsageError(f"{where}: expected {{width: weight}}")
+    hist: dict[int, float] = {}
+    for k, v in doc.items():
+        try:
+            w = int(k)
+        except ValueError:
+            raise UsageError(f"{where}: width {k!r} is not an integer") from None
+        if not 1 <= w <= max_batch_size:
+            raise UsageError(f"{where}: width {k} is not in 1..{max_batch_size} (--max-batch-size)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise UsageError(f"{where}: width {k}: weight must be a finite number >= 0, got {json.dumps(v)[:40]}")
+        hist[w] = hist.get(w, 0.0) + float(v)
+    if not any(v > 0 for v in hist.values()):
+        raise UsageError(f"{where}: every weight is 0 (no traffic to spread over the widths)")
+    return hist
+
+
 def _load_model_for_cli(spec: str, model_args: dict[str, str]) -> tuple[Callable[..., Any], Any]:
     """`load_builder` with every failure a UsageError naming --model; the arguments are checked against the
     builder's signature before anything is built."""
@@ -88,8 +147,11 @@ def _load_model_for_cli(spec: str, model_args: dict[str, str]) -> tuple[Callable
         raise UsageError(f"--model {spec}: module {mod_name!r} has no {fn_name!r}") from None
     except ImportError as e:
         raise UsageError(f"--model {spec}: cannot import {mod_name!r} ({e})") from None
-    except ValueError as e:  # load_builder's own checks (cannot import, no such function or file): they name --model
-        raise UsageError(str(e)) from None
+    except ValueError as e:  # load_builder's own checks (cannot import, no such function or file, the module
+        # raised while imported): they name --model; the module's own traceback under -v
+        if e.__cause__ is not None:
+            log.debug("importing --model %s failed:", spec, exc_info=e.__cause__)
+        raise UsageError(" ".join(str(e).split())) from None
     if not callable(builder):
         raise UsageError(f"--model {spec}: {fn_name!r} is not callable")
     try:
@@ -103,36 +165,43 @@ def _load_model_for_cli(spec: str, model_args: dict[str, str]) -> tuple[Callable
 
 def main(args: argparse.Namespace) -> int:
     """`oasr tune census`: every input is checked (UsageError) before the model is built or a file written."""
-    import logging
+    import torch
 
     from ..errors import UsageError, existing_file, json_file, writable_output
+    from .capture_file import check_capture
 
-    log = logging.getLogger("oasr_ops.tune.census")
     t0 = time.perf_counter()
     try:
         model_args = _parse_model_args(args.model_args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = writable_output(args.out, "--out")
+    model_file = args.model.rpartition(":")[0]
+    _refuse_overwriting_inputs(out, [("--manifest", args.manifest), ("--concurrency", args.concurrency),
+                                     *(("--capture", c) for c in args.capture),
+                                     ("--model", model_file if model_file.endswith(".py") else None)])
     durations = None
     if args.manifest:
         existing_file(args.manifest, "--manifest")
         try:
             durations = read_manifest(args.manifest)
-        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-            raise UsageError(f"--manifest {args.manifest}: {e}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--manifest {args.manifest}: not UTF-8 text") from None
+        except ValueError as e:  # names the file and line
+            raise UsageError(f"--manifest {e}") from None
         if not durations:
             raise UsageError(f"--manifest {args.manifest}: no utterances")
     hist = None
     if args.concurrency:
-        doc = json_file(args.concurrency, "--concurrency")
-        try:
-            hist = {int(k): float(v) for k, v in doc.items()}
-        except (AttributeError, TypeError, ValueError):
-            raise UsageError(f"--concurrency {args.concurrency}: expected {{width: weight}}") from None
-    for cap in args.capture:
+        hist = _concurrency(json_file(args.concurrency, "--concurrency"), args.concurrency, args.max_batch_size)
+    for cap in args.capture:  # every record checked now: a bad one must not cost a trace, then a refused census
         existing_file(cap, "--capture")
+        try:
+            check_capture(cap)
+        except ValueError as e:
+            raise UsageError(f"--capture {e}") from None
     builder, mod = _load_model_for_cli(args.model, model_args)
+    _refuse_overwriting_inputs(out, [("--model", getattr(mod, "__file__", None))])
     info = dict(getattr(mod, "census_info", {}) or {})
     for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
         if v is not None:
@@ -140,11 +209,23 @@ def main(args: argparse.Namespace) -> int:
     if args.service_mode == "offline" and durations is None and not info.get("fixed_window") \
             and args.max_seconds is None:
         raise UsageError("offline needs --manifest (or --max-seconds, with no traffic weights)")
+    if args.service_mode == "offline" and not info.get("fixed_window"):
+        top_s = args.max_seconds or max(durations or [0.0])
+        buckets = top_s * 1000.0 / float(info.get("frame_shift_ms", 10)) / args.time_granularity
+        if buckets > MAX_TIME_BUCKETS:
+            source = "--max-seconds" if args.max_seconds else f"--manifest {args.manifest}'s longest utterance"
+            raise UsageError(f"{source}: {top_s:g} s makes {buckets:.3g} time buckets of --time-granularity "
+                             f"{args.time_granularity} frames (at most {MAX_TIME_BUCKETS})")
     log.debug("building %s%s", args.model, f" with {model_args}" if model_args else "")
     try:
         model = build_for_census(builder, model_args)
     except TypeError as e:  # a builder taking **kwargs rejects unknown --model-args itself
         raise UsageError(f"--model-args do not fit {args.model}: {e}") from None
+    except Exception as e:  # the user's builder failed: its message, its traceback under -v
+        log.debug("the builder of --model %s raised:", args.model, exc_info=True)
+        raise UsageError(f"--model {args.model}: {_one_line(e)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"--model {args.model}: the builder returned {type(model).__name__}, not a torch.nn.Module")
     if args.quantization:  # a full-precision model quantized online, as the deployment will run it
         from ..families.quantization import quantize
 
@@ -163,6 +244,8 @@ def main(args: argparse.Namespace) -> int:
     # atomic: a census others build from, or the one this run replaces, is never left torn by a crash
     write_text_atomic(out, json.dumps(doc, indent=1, sort_keys=False))
     npts = sum(len(s["points"]) for s in doc["signatures"].values())
+    if not doc["signatures"]:  # written all the same (the truth about this model), but `oasr tune build` has nothing
+        log.warning("--model %s: no site the backend rewrites was traced; the census is empty", args.model)
     print(f"census: {len(doc['keys'])} key(s), {len(doc['signatures'])} signature(s), {npts} point(s), "
           f"{c.info['traces']} trace(s) in {time.perf_counter() - t0:.1f}s -> {args.out}")
     return 0

@@ -32,8 +32,8 @@ from .points import Point
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Selector", "PointRegret", "SelectorScore", "read_log", "load_db_entries", "db_selector", "constant_selector",
-    "as_selector", "evaluate", "format_table", "plot", "register", "handler",
+    "Selector", "PointRegret", "SelectorScore", "read_log", "record_problem", "load_db_entries", "db_entries_of",
+    "db_selector", "constant_selector", "as_selector", "evaluate", "format_table", "plot", "register", "handler",
 ]
 
 SelectorFn = Callable[[str, int], Union[str, None]]
@@ -52,14 +52,35 @@ def _half_alias(signature: str) -> str | None:
 
 def load_db_entries(path: str) -> dict[str, Any]:
     """A DB file's entries: ``{signature: entry}``. Accepts a file with an ``"entries"`` object or a bare
-    ``{signature: entry}`` mapping."""
+    ``{signature: entry}`` mapping. ValueError naming the file (and the entry) for a file that is not one."""
     with open(path) as f:
         data = json.load(f)
+    return db_entries_of(data, path)
+
+
+def db_entries_of(data: Any, where: str) -> dict[str, Any]:
+    """`load_db_entries` on a parsed document. Every entry's region table is checked here (ValueError naming
+    `where`, the signature and the region): the selector compares each ``m_hi`` with M, so a region that is not
+    ``[m_hi, config]`` would otherwise surface as a TypeError in the middle of scoring."""
     if isinstance(data, Mapping) and isinstance(data.get("entries"), Mapping):
-        return dict(data["entries"])
-    if isinstance(data, Mapping):
-        return {k: v for k, v in data.items() if "|" in k}
-    raise ValueError(f"{path}: not a tuning DB file")
+        entries = dict(data["entries"])
+    elif isinstance(data, Mapping):
+        entries = {k: v for k, v in data.items() if "|" in k}
+    else:
+        raise ValueError(f"{where}: not a tuning DB file")
+    for sig, e in entries.items():
+        table = e.get("regions") if isinstance(e, Mapping) else e
+        if table is None:
+            continue  # an entry without regions (exact points only) answers the miss
+        if not isinstance(table, list):
+            raise ValueError(f"{where}: entry {sig!r}: regions is not a list")
+        for i, r in enumerate(table):
+            ok = isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[1], str) and (
+                r[0] is None or (type(r[0]) is int and r[0] >= 1))
+            if not ok:
+                raise ValueError(f"{where}: entry {sig!r}: region {i} {json.dumps(r)[:80]} is not "
+                                 "[m_hi (an integer >= 1, or null), config]")
+    return entries
 
 
 def db_selector(entries: Mapping[str, Any], miss: str | None = None) -> SelectorFn:
@@ -102,18 +123,66 @@ def as_selector(obj: Selector, miss: str | None = None) -> SelectorFn:
 
 # ---------------------------------------------------------------------------------------------- the log
 
-def read_log(path: str) -> list[dict[str, Any]]:
-    """Records of a JSONL log; blank lines skipped; a malformed line is a ValueError naming the line."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+def record_problem(r: Any) -> str | None:
+    """Why a measurement-log record cannot be read, or None. A log is appended to by builds and may be edited or
+    cut by hand: the fields the readers convert are checked where present (a record lacking one is not a
+    measurement and is skipped by the readers), so a bad value is named here rather than raised from a float()
+    deep in scoring or partitioning. ``signature`` and ``config`` strings, ``m`` an integer > 0, ``median_s``
+    and ``sigma_s`` numbers or null (a failed arm), ``weight`` a finite number >= 0 or null, ``eager_fraction``
+    in [0, 1] or null, ``n`` an integer >= 0, ``validators`` an object or null."""
+    if not isinstance(r, dict):
+        return f"not a JSON object (a measurement record), got {type(r).__name__}"
+
+    def got(key: str) -> str:
+        return f"got {json.dumps(r[key])[:60]}"
+
+    for key in ("signature", "config"):
+        if key in r and not isinstance(r[key], str):
+            return f"{key} must be a string, {got(key)}"
+    if "m" in r and not (_is_int(r["m"]) and r["m"] > 0):
+        return f"m must be an integer > 0, {got('m')}"
+    for key in ("median_s", "sigma_s"):
+        if r.get(key) is not None and not _is_number(r[key]):
+            return f"{key} must be a number of seconds, {got(key)}"
+    if r.get("weight") is not None and not (_is_number(r["weight"]) and 0 <= r["weight"] < math.inf):
+        return f"weight must be a finite number >= 0, {got('weight')}"
+    if r.get("eager_fraction") is not None and not (_is_number(r["eager_fraction"])
+                                                     and 0 <= r["eager_fraction"] <= 1):
+        return f"eager_fraction must be in [0, 1], {got('eager_fraction')}"
+    if "n" in r and r["n"] is not None and not (_is_int(r["n"]) and r["n"] >= 0):
+        return f"n must be an integer >= 0, {got('n')}"
+    if r.get("validators") is not None and not isinstance(r["validators"], dict):
+        return f"validators must be an object, {got('validators')}"
+    return None
+
+
+def read_log(path: str, check: bool = False) -> list[dict[str, Any]]:
+    """Records of a JSONL log; blank lines skipped; a malformed line is a ValueError naming the line. `check`:
+    also every record `record_problem` refuses (`oasr tune evaluate`; other readers filter what they use)."""
     out: list[dict[str, Any]] = []
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                out.append(json.loads(line))
+                r = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{i}: JSON nested too deeply") from None
+            why = record_problem(r) if check else None
+            if why is not None:
+                raise ValueError(f"{path}:{i}: {why}")
+            out.append(r)
     return out
 
 
@@ -320,7 +389,7 @@ def _sentinel_as(fn: SelectorFn, sentinel: str, config: Callable[[str], Union[st
 def handler(args: argparse.Namespace) -> int:
     """Run ``oasr tune evaluate``. 0 on success; bad input raises `UsageError` (the CLI's exit 2) before
     anything is written."""
-    from ..errors import UsageError, existing_file, writable_output
+    from ..errors import UsageError, existing_file, json_file, writable_output
 
     selectors: dict[str, Selector] = {}
     miss = None if str(args.miss).lower() == "none" else args.miss
@@ -334,8 +403,10 @@ def handler(args: argparse.Namespace) -> int:
     for path in args.log:
         existing_file(path, "--log")
         try:
-            records.extend(read_log(path))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+            records.extend(read_log(path, check=True))
+        except UnicodeDecodeError:  # a ValueError whose message does not name the file
+            raise UsageError(f"--log {path}: not UTF-8 text") from None
+        except (OSError, ValueError) as e:
             raise UsageError(f"--log {e}") from None
     for spec in args.db:
         name, sep, path = spec.partition("=")
@@ -343,17 +414,24 @@ def handler(args: argparse.Namespace) -> int:
             raise UsageError(f"--db expects NAME=PATH, got {spec!r}")
         if name in selectors:
             raise UsageError(f"--db name {name!r} given twice")
-        existing_file(path, "--db")
+        doc = json_file(path, "--db")  # UsageError for a missing, non-UTF-8, invalid or too deeply nested file
         try:
-            selectors[name] = db_selector(load_db_entries(path), miss=miss)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise UsageError(f"--db {path}: {e}") from None
+            selectors[name] = db_selector(db_entries_of(doc, f"--db {path}"), miss=miss)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    # The arch the `default` sentinel is read on: checked here, before any scoring (`OASR_ARCH` stands in for a
+    # missing --arch, so a bad value there is named as such).
+    if not args.default_config:
+        try:
+            native_default = _native_default(args.arch)
+        except ValueError as e:
+            raise UsageError(f"--arch {args.arch}: {e}" if args.arch else f"OASR_ARCH: {e}") from None
     # The constant baselines are always scored; a --db named like one of them takes its place.
     for const in ("default", "torch"):
         selectors.setdefault(const, constant_selector(const))
     # A build log names the default arm by its config id: score the `default` sentinel as that id (unless
     # the log recorded an arm literally named `default`).
-    default_of = (lambda sig: args.default_config) if args.default_config else _native_default(args.arch)
+    default_of = (lambda sig: args.default_config) if args.default_config else native_default
     if not any(r.get("config") == "default" for r in records):
         selectors = {name: _sentinel_as(fn, "default", default_of) for name, fn in
                      ((n, as_selector(sel, miss=miss)) for n, sel in selectors.items())}

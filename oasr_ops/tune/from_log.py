@@ -100,19 +100,24 @@ def partition_logged(sig: str, table: dict[int, dict[str, Any]], weights: dict[i
     return build_step(guard_signature(v.partition.entry(source="aot"), table, fb, sig, arch), sig, charged)
 
 
-def entries_from_log(log_path: str | Path, opts: Any, fallback: str | None = None
+def entries_from_log(log_path: str | Path, opts: Any, fallback: str | None = None, family: str | None = None
                      ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Partition a finished build's measurement log again, without a GPU (a changed partition rule is scored
     and applied offline), validation points included (`partition_validated`, as the build runs it). Uses each
     record's median (the objective), weight and fill/validation/must_tune flags. The fallback arm is the
-    signature's family's (its candidates' ``fallback``) unless `fallback` names one. Returns the entries and
-    the soft validators the log's measurements were taken under (None when the log does not say)."""
+    signature's family's (its candidates' ``fallback``) unless `fallback` names one. `family`: only that
+    family's records (a DB file holds one family; None: every record, as before). The arch is ``opts.arch``
+    (sm90 when None): a caller publishing for another arch passes it, or the regions are partitioned against
+    the wrong lane's candidates. Returns the entries and the soft validators the log's measurements were taken
+    under (None when the log does not say)."""
     recs = []
     stamp: dict[str, Any] | None = None
     with open(log_path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
+                if family is not None and not str(r.get("signature", "")).startswith(family + "|"):
+                    continue
                 stamp = r.get("validators", stamp)
                 recs.append(r)
     tables, weights, held, _l2 = log_tables(recs)

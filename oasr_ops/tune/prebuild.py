@@ -177,9 +177,14 @@ def _run(args: argparse.Namespace) -> int:
         rc = _build_hot_path()
         if rc or args.hot_path_only:
             return rc
+    source = "--arch" if args.arch else "OASR_CUDA_ARCH_LIST"
     archs = (args.arch or os.environ.get("OASR_CUDA_ARCH_LIST", "")).replace(";", " ").replace(",", " ").split()
     if not archs:
         raise UsageError("set OASR_CUDA_ARCH_LIST (e.g. 9.0a) or pass --arch")
+    try:  # named here, so a ValueError of the planning below is never called an arch error
+        families = [normalize_arch(a) for a in archs]
+    except ValueError as e:
+        raise UsageError(f"{source}: {e}") from None
     dtypes = args.dtypes or DTYPES
     specs: list[JitSpec] = []
     opts = None
@@ -193,25 +198,31 @@ def _run(args: argparse.Namespace) -> int:
         opts = BuildOptions(thin=args.thin, max_points=args.max_points, max_fill=args.max_fill,
                             prune=not args.no_prune, top_k=args.top_k, validate=not args.no_validate)
     try:
-        for a in archs:
-            specs += plan_specs(normalize_arch(a), args.configs, args.all, dtypes, args.family, args.census, opts)
+        for a in families:
+            specs += plan_specs(a, args.configs, args.all, dtypes, args.family, args.census, opts)
     except ConfigError as e:
         raise UsageError(f"--configs: {e}") from None
     except UsageError:
         raise
     except OSError as e:  # an unreadable --census file
         raise UsageError(f"--census: {e}") from None
-    except ValueError as e:  # normalize_arch: a misspelt arch
-        raise UsageError(f"--arch: {e}") from None
+    except ValueError as e:  # the plan refused something the checks above let through: name that input
+        source = f"--census {', '.join(args.census)}" if args.census else "--configs" if args.configs else None
+        if source is None:
+            raise  # the production set has no user input to blame: a bug keeps its traceback
+        raise UsageError(f"{source}: {e}") from None
     if nvcc_path() is None:
         raise UsageError("nvcc not found (install the CUDA toolkit or put nvcc on PATH)")
     log.info("%d kernel(s) for %s", len(specs), ", ".join(archs))
-    report = build_many(specs, jobs=args.jobs, progress=not args.quiet)
+    # no bar with prebuild's --no-progress (formerly --quiet) or the global -q
+    report = build_many(specs, jobs=args.jobs, progress=not (args.no_progress or args.quiet))
     print(report.summary())
     return 1 if report.failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .build_cli import int_at_least
+
     p = sub.add_parser("prebuild", help="compile kernels without a GPU (for OASR_CUDA_ARCH_LIST)",
                        description="Compile the production kernel set (or --all, or --configs) for the archs of "
                                    "OASR_CUDA_ARCH_LIST / --arch into the JIT cache; needs nvcc, not a GPU.")
@@ -222,17 +233,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--census", action="append", metavar="FILE",
                    help="exactly the candidates `oasr tune build --census FILE` loads (repeatable)")
     p.add_argument("--thin", action="store_true", help="with --census: as the build's --thin")
-    p.add_argument("--max-points", type=int, default=16, help="with --census: as the build's --max-points")
-    p.add_argument("--max-fill", type=int, default=8, help="with --census: as the build's --max-fill")
+    # the build's own types: what the build would refuse is refused here, not planned
+    p.add_argument("--max-points", type=int_at_least(2), default=16,
+                   help="with --census: as the build's --max-points")
+    p.add_argument("--max-fill", type=int_at_least(0), default=8, help="with --census: as the build's --max-fill")
     p.add_argument("--no-prune", action="store_true", help="with --census: as the build's --no-prune")
-    p.add_argument("--top-k", type=int, default=16, help="with --census: as the build's --top-k")
+    p.add_argument("--top-k", type=int_at_least(1), default=16, help="with --census: as the build's --top-k")
     p.add_argument("--no-validate", action="store_true", help="with --census: as the build's --no-validate")
     p.add_argument("--arch", help="arch list, e.g. 9.0a (default: OASR_CUDA_ARCH_LIST)")
     p.add_argument("--dtypes", type=_dtypes, help=f"comma list of {','.join(DTYPES)} (default: all of them)")
     p.add_argument("--family", choices=prebuild_families(), help="one kernel family only (default: all)")
     p.add_argument("--jobs", type=_jobs, default=None,
                    help="parallel nvcc processes (default: the CPU count; capped by free memory)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    # its own dest: as `quiet` it overwrote the global -q's count, so `oasr -q tune prebuild` logged at INFO
+    p.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                   help="no progress bar (the global -q also hides it)")
     h = p.add_mutually_exclusive_group()
     h.add_argument("--hot-path", action="store_true",
                    help="also build the C++ hot path of the oasr ops for this torch (backend=oasr uses it without CUDA "

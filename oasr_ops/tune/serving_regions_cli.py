@@ -8,6 +8,7 @@ shadow the system entries (as any user entry does): run it again after upgrading
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import Any
 
@@ -18,13 +19,37 @@ __all__ = ["derive_file", "register"]
 
 
 def _read(family: str, arch: str, tier: str) -> dict[str, Any]:
-    from ..runtime.db_files import read_document
+    """The tier's file for (family, arch), checked as `publish` will check it: FileNotFoundError without a
+    usable document, ValueError for a header `publish` refuses (another arch, family, lane or schema). Such a
+    file would be moved aside by `publish` and replaced by one holding only the changed entries: the others
+    lost."""
+    from ..runtime.database import expected_lane
+    from ..runtime.db_files import header_problem, read_document
 
     path = db_path(family, arch, tier)
     doc = read_document(path)
     if doc.why is not None or not isinstance(doc.doc, dict):
         raise FileNotFoundError(f"{path}: {doc.why or 'not a tuning DB document'}")
+    lane = doc.doc.get("lane")  # what derive_file publishes under (None: the arch's native lane)
+    why = header_problem(doc.doc, family, arch, lane if lane is not None else expected_lane(arch, family))
+    if why is not None:
+        raise ValueError(f"{path}: not a {family} file for {arch} ({why}); nothing written")
     return doc.doc
+
+
+def _check_regions(path: Any, sig: str, e: dict[str, Any]) -> None:
+    """ValueError naming the file and the entry unless its ``regions`` are rows ``[m_hi, config]`` with m_hi an
+    integer >= 1 or null (the rule compares m_hi with the measured Ms)."""
+    regions = e.get("regions")
+    if regions is None:
+        return
+    if not isinstance(regions, list):
+        raise ValueError(f"{path}: entry {sig!r}: regions is not a list; nothing written")
+    for i, r in enumerate(regions):
+        if not (isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
+                and (r[0] is None or (type(r[0]) is int and r[0] >= 1))):
+            raise ValueError(f"{path}: entry {sig!r}: region {i} {json.dumps(r)[:80]} is not [m_hi (an integer "
+                             ">= 1, or null), config]; nothing written")
 
 
 def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
@@ -50,6 +75,7 @@ def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = H
     changed: dict[str, dict[str, Any]] = {}
     for sig, e in {**entries, **copied}.items():
         if isinstance(e, dict):
+            _check_regions(db_path(family, arch, seed_from if sig in copied else tier), sig, e)
             new = with_eager_regions(e, floor_s=floor_s)
             if sig in copied or new.get("regions_eager") != e.get("regions_eager"):
                 changed[sig] = new
@@ -63,9 +89,17 @@ def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = H
 def cmd_serving_regions(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..runtime.arch import normalize_arch
+    from .build_cli import check_tier_dir
 
     try:
         arch = normalize_arch(args.arch)
+    except ValueError as e:
+        raise UsageError(f"--arch {args.arch}: {e}") from None
+    # a disabled user tier, a tier path through a regular file: named before anything is read or written
+    check_tier_dir(args.tier, arch, "--tier")
+    if args.seed_from is not None:
+        check_tier_dir(args.seed_from, arch, "--seed-from")
+    try:
         if not (args.floor_us > 0 and math.isfinite(args.floor_us)):
             raise ValueError(f"--floor-us must be a positive number of microseconds, got {args.floor_us}")
         out = derive_file(args.family, arch, args.tier, args.floor_us * 1e-6, args.dry_run, args.seed_from)

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from ...errors import UsageError
-from ..build_cli import int_at_least
+from ..build_cli import float_at_least, int_at_least
 from ..candidates import tunable_families
 from ..prune import TOP_K
 
@@ -125,8 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-points", type=int_at_least(2), default=16, help="with --thin: census points per signature")
     p.add_argument("--max-fill", type=int_at_least(0), default=8, help="ladder fill points per signature")
     p.add_argument("--rounds", type=int_at_least(1), default=5, help="interleaved measuring rounds per point")
-    p.add_argument("--min-speedup", type=float, default=1.05, help="as oasr tune build's")
-    p.add_argument("--max-loss", type=float, default=0.02, help="as oasr tune build's")
+    p.add_argument("--min-speedup", type=float_at_least(1.0), default=1.05, help="as oasr tune build's")
+    p.add_argument("--max-loss", type=float_at_least(0.0), default=0.02, help="as oasr tune build's")
     p.add_argument("--no-prune", action="store_true", help="measure every arm at every point")
     p.add_argument("--top-k", type=int_at_least(1), default=TOP_K, help="configs the cost model keeps per point")
     p.add_argument("--no-validate", action="store_true", help="do not measure the validation midpoints")

@@ -96,9 +96,13 @@ def record_run(mo: MatrixOptions, write: bool = True) -> bool:
     fp = fingerprint(mo)
     if path.is_file():
         try:
-            old = json.loads(path.read_text())["fingerprint"]
-        except (OSError, ValueError, KeyError) as e:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
             raise UsageError(f"--run-id {mo.run_id}: {path} is unreadable ({e})") from None
+        old = doc.get("fingerprint") if isinstance(doc, dict) else None
+        if not isinstance(old, dict):  # a hand-edited or foreign file: comparing it would raise mid-run
+            raise UsageError(f"--run-id {mo.run_id}: {path} is not a run plan (no 'fingerprint' object); move it "
+                             "or pick another --run-id")
         diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
         if diff:
             raise UsageError(f"--run-id {mo.run_id} was planned with other {', '.join(diff)} "
