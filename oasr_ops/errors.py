@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 class UsageError(ValueError):
@@ -51,6 +51,27 @@ def json_file(path: str | os.PathLike[str], what: str) -> Any:
         raise UsageError(f"{what} {path}: not valid JSON ({e})") from None
     except OSError as e:
         raise UsageError(f"{what} {path}: unreadable ({e.strerror or e})") from None
+
+
+def json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed record) of every non-blank line of the JSON-lines file at `path`; ValueError naming the
+    file and line for one that is not JSON (or nested too deeply), or the file for bytes that are not UTF-8. The
+    strict reader of files a user hands a command (captures, manifests); readers that must skip bad lines, such
+    as the recorder's merge, parse for themselves."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except RecursionError:
+                    raise ValueError(f"{path}:{i}: JSON nested too deeply") from None
+                except ValueError as e:
+                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+                yield i, record
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
 
 
 def writable_output(path: str | os.PathLike[str], what: str) -> Path:

@@ -31,7 +31,7 @@ from .act_math import ACT_MATH  # noqa: E402
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules  # noqa: E402
 from .templates import ABI_VERSION  # noqa: E402
 from .templates import environment as _env  # noqa: E402
-from .variants import (  # noqa: E402  (the names, defined without cutlass_library; re-exported for the emitters)
+from .variants import (  # noqa: E402,F401  (the names, defined without cutlass_library; re-exported)
     ACT_BIAS_SUFFIX,
     ACTIVATIONS,
     RESIDUAL_SUFFIX,

@@ -54,24 +54,14 @@ def check_capture(path: str | os.PathLike) -> int:
     naming the file and line. `oasr tune census --capture` runs this before tracing — `read_capture` skips what
     it cannot parse (the recorder's merge must never fail), and a record it keeps with a negative M or a
     fractional call count would make a census `oasr tune build` refuses after the trace."""
+    from ..errors import json_lines
+
     n = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except RecursionError:
-                    raise ValueError(f"{path}:{i}: JSON nested too deeply") from None
-                except ValueError as e:
-                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
-                why = capture_problem(r)
-                if why is not None:
-                    raise ValueError(f"{path}:{i}: {why}")
-                n += 1
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
+    for i, r in json_lines(path):
+        why = capture_problem(r)
+        if why is not None:
+            raise ValueError(f"{path}:{i}: {why}")
+        n += 1
     return n
 
 

@@ -41,16 +41,10 @@ def read_manifest(path: str | Path) -> list[float]:
     """Durations (seconds) from JSON lines with a ``duration`` field; blank lines skipped. ValueError naming the
     line for one that is not JSON or has no positive, finite duration (NaN passed ``d <= 0`` and became NaN
     frames; infinity an OverflowError)."""
+    from ..errors import json_lines
+
     out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except RecursionError:
-            raise ValueError(f"{path}:{i}: JSON nested too deeply") from None
-        except ValueError as e:
-            raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    for i, rec in json_lines(path):
         d = rec.get("duration") if isinstance(rec, dict) else None
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not (0 < d < math.inf):
             raise ValueError(f"{path}:{i}: no positive 'duration' (a finite number of seconds), got "
