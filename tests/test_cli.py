@@ -164,7 +164,7 @@ def test_build_from_log_missing_or_corrupt(home, capsys):
     good = {"signature": "gemm|op=gemm|dt=half|N=256|K=1024", "m": 64, "config": "torch", "median_s": 1e-5}
     log.write_text(json.dumps(good) + "\n" + "garbage\n")
     _usage_error(home, capsys, ["tune", "build", "--from-log", str(log), "--arch", "sm90"], f"{log}:2",
-                 "not a measurement record")
+                 "not JSON")
     log.write_text(json.dumps({"signature": "x", "m": "many"}) + "\n")
     _usage_error(home, capsys, ["tune", "build", "--from-log", str(log), "--arch", "sm90"], f"{log}:1")
     log.write_text("\n")

@@ -24,39 +24,34 @@ def _check_log(path: str, family: str) -> None:
     config and median_s (what `entries_from_log` reads) whose values `evaluate.record_problem` accepts and whose
     signature is a tuning signature, at least one of `family`. Records of another family are left out (a DB
     file holds one family; `entries_from_log(family=...)`), with one warning."""
-    from ..errors import UsageError, existing_file
+    from ..errors import UsageError, existing_file, json_lines
     from ..runtime.database import parse_signature
     from .evaluate import record_problem
 
     existing_file(path, "--from-log")
     n, others = 0, {}
     try:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                    why = record_problem(r)
-                except (ValueError, RecursionError):
-                    r, why = None, "not JSON"
-                if why is None and not all(k in r for k in ("signature", "m", "config", "median_s")):
-                    why = "lacks one of signature, m, config, median_s"
-                elif why is None and not (isinstance(r["median_s"], (int, float)) and r["median_s"] >= 0):
-                    why = f"median_s must be a number >= 0, got {json.dumps(r['median_s'])}"  # the partition's times
-                if why is not None:
-                    raise UsageError(f"--from-log {path}:{i}: not a measurement record (JSON with signature, m, "
-                                     f"config, median_s): {why}")
-                parts = parse_signature(r["signature"])
-                if parts is None:
-                    raise UsageError(f"--from-log {path}:{i}: signature {r['signature'][:80]!r} is not a tuning "
-                                     "signature")
-                if parts.family == family:
-                    n += 1
-                else:
-                    others[parts.family] = others.get(parts.family, 0) + 1
-    except UnicodeDecodeError:
-        raise UsageError(f"--from-log {path}: not UTF-8 text") from None
+        for i, r in json_lines(path):
+            why = record_problem(r)
+            if why is None and not all(k in r for k in ("signature", "m", "config", "median_s")):
+                why = "lacks one of signature, m, config, median_s"
+            elif why is None and not (isinstance(r["median_s"], (int, float)) and r["median_s"] >= 0):
+                why = f"median_s must be a number >= 0, got {json.dumps(r['median_s'])}"  # the partition's times
+            if why is not None:
+                raise UsageError(f"--from-log {path}:{i}: not a measurement record (JSON with signature, m, "
+                                 f"config, median_s): {why}")
+            parts = parse_signature(r["signature"])
+            if parts is None:
+                raise UsageError(f"--from-log {path}:{i}: signature {r['signature'][:80]!r} is not a tuning "
+                                 "signature")
+            if parts.family == family:
+                n += 1
+            else:
+                others[parts.family] = others.get(parts.family, 0) + 1
+    except UsageError:
+        raise
+    except ValueError as e:  # json_lines: a line that is not JSON, bytes that are not UTF-8 (naming the line)
+        raise UsageError(f"--from-log {e}") from None
     held = ", ".join(f"{c} {fam}" for fam, c in sorted(others.items()))
     if n == 0:
         raise UsageError(f"--from-log {path}: no measurement records of the {family} family"
