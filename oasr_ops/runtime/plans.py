@@ -90,6 +90,18 @@ _CONFIGS_OK: set[tuple] = set()
 _CONFIGS_OK_MAX = 65536
 
 
+@functools.lru_cache(maxsize=None)
+def lane_check(family: str, label: str | None = None) -> Callable[[Config], str | None]:
+    """The `check_id` of a family's ops: None when some lane of `family` holds the config, on any arch (the CPU and
+    the fake cannot know the GPU's), else ``is in no <label> lane``. One function object per (family, label), so
+    `check_config_arg`'s memo key is stable."""
+    def check(cfg: Config) -> str | None:
+        if any(cfg in lane.space for lane in _registry.lanes().values() if lane.family == family):
+            return None
+        return f"is in no {label or family} lane"
+    return check
+
+
 def check_config_arg(config: str, op: str = "gemm", check_id: Callable[[Config], str | None] | None = None) -> None:
     """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, a parseable id or a well-formed region
     table; `check_id(cfg)` says why a parsed id is not one of the op's family (None: it is). Shared by every op.

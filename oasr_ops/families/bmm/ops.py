@@ -34,6 +34,7 @@ from ...runtime import select as _select
 from ...runtime.arch import current_arch_family
 from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 
 FAMILY = "bmm"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -65,17 +66,13 @@ def _check(a, b) -> None:
         raise ValueError(f"oasr.bmm: a is on {a.device}, b on {b.device}")
 
 
-def _bmm_lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-    LANES = _lanes()
-
-    return None if any(cfg in l.space for l in LANES.values() if l.family == FAMILY) else "is in no bmm lane"
+_IN_A_LANE = lane_check(FAMILY)  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str) -> None:
     """ValueError unless `config` is auto, a sentinel, a bmm lane's config id or a region table of those (the same
     rule on CPU and CUDA and in the fake, whatever the GPU)."""
-    _check_config_arg(config, FAMILY, _bmm_lane_reason)
+    _check_config_arg(config, FAMILY, _IN_A_LANE)
 
 
 def b_major(b: torch.Tensor) -> str:

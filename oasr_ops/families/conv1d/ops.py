@@ -43,6 +43,7 @@ from ...runtime import database as _database
 from ...runtime.plans import TABLE_PREFIX as _TABLE_PREFIX
 from ...runtime.plans import Plan, PlanCache, resolve_table
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 
 FAMILY = "conv1d"
 OP = "conv1d_depthwise"
@@ -97,15 +98,12 @@ def _check(x, w, bias, padding, layout, activation, glu=False) -> None:
         raise ValueError(f"{name}: bias must be [C] = [{c}], got {tuple(bias.shape)}")
 
 
-def _lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-
-    return None if any(cfg in l.space for l in _lanes().values() if l.family == FAMILY) else "is in no conv1d lane"
+_IN_A_LANE = lane_check(FAMILY)  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str) -> None:
     """ValueError unless `config` is auto, a sentinel, a conv1d lane's config id or a region table of those."""
-    _check_config_arg(config, OP, _lane_reason)
+    _check_config_arg(config, OP, _IN_A_LANE)
 
 
 def fold_batchnorm(w: torch.Tensor, b: torch.Tensor | None, bn) -> tuple[torch.Tensor, torch.Tensor]:

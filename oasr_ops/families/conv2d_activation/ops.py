@@ -37,6 +37,7 @@ from ...configs import Config, Lane
 from ...runtime import database as _database
 from ...runtime.plans import PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 from .lanes import DIRECT_LARGE
 
 FAMILY = "conv2d_activation"
@@ -131,16 +132,12 @@ def check_geometry(name: str, x, w, stride, padding) -> tuple[int, int]:
     return ho, wo
 
 
-def _lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-
-    ok = any(cfg in l.space for l in _lanes().values() if l.family == FAMILY)
-    return None if ok else "is in no conv2d_activation lane"
+_IN_A_LANE = lane_check(FAMILY)  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str) -> None:
     """ValueError unless `config` is auto, a sentinel, a conv2d lane's config id or a region table of those."""
-    _check_config_arg(config, OP, _lane_reason)
+    _check_config_arg(config, OP, _IN_A_LANE)
 
 
 # Arch families where cuDNN's conv + bias + ReLU fusion (the ``fused`` arm) was measured faster than the plain

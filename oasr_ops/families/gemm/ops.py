@@ -26,6 +26,7 @@ from ..autograd import register_inference_op
 from ...runtime.arch import current_arch_family
 from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 from ...runtime.plans import format_table, parse_table, resolve_table  # noqa: F401  (re-exported)
 from ...runtime.select import select_config
 
@@ -73,16 +74,13 @@ def _check_layout(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
                              "call .contiguous() first")
 
 
-def _lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-
-    return None if any(cfg in l.space for l in _lanes().values() if l.family == "gemm") else "is in no gemm lane"
+_IN_A_LANE = lane_check("gemm")  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str) -> None:
     """ValueError unless `config` is auto, a sentinel, a gemm lane's config id (of any arch: the CPU cannot know the
     GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake."""
-    _check_config_arg(config, "gemm", _lane_reason)
+    _check_config_arg(config, "gemm", _IN_A_LANE)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from ...runtime import select as _select
 from ...runtime.arch import current_arch_family, normalize_arch
 from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 from ...runtime.registry import lane_of
 from ...runtime.select import Selection
 # Re-exported: the family's public names (tests, benchmarks and tune/ reach them through this module).
@@ -96,18 +97,14 @@ _lib.define(
 _lib.define("quantize_per_token(Tensor x) -> (Tensor, Tensor)")
 
 
-def _lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-
-    ok = any(cfg in l.space for l in _lanes().values() if l.family == FAMILY)
-    return None if ok else "is in no scaled_mm (int8) lane"
+_IN_A_LANE = lane_check(FAMILY, "scaled_mm (int8)")  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str, op: str = "scaled_mm") -> None:
     """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, an int8 lane's config id (of any arch:
     the CPU cannot know the GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake, for
     every op of the family (scaled_mm, scaled_mm_quant, scaled_mm_act_quant, scaled_mm_residual)."""
-    _check_config_arg(config, op, _lane_reason)
+    _check_config_arg(config, op, _IN_A_LANE)
 
 
 # ----------------------------------------------------------------------------------------------------------

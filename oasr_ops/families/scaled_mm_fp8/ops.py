@@ -39,6 +39,7 @@ from ...runtime import select as _select
 from ...runtime.arch import current_arch_family, normalize_arch
 from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from ...runtime.plans import check_config_arg as _check_config_arg
+from ...runtime.plans import lane_check
 from ...runtime.registry import lane_of, native_lane
 from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
@@ -74,17 +75,13 @@ _lib.impl("quantize_per_token_fp8_calibrated", lambda x, calibrated_scale: quant
           "CompositeImplicitAutograd")
 
 
-def _lane_reason(cfg: Config) -> str | None:
-    from ...runtime.registry import lanes as _lanes
-
-    ok = any(cfg in l.space for l in _lanes().values() if l.family == FAMILY)
-    return None if ok else "is in no scaled_mm_fp8 lane"
+_IN_A_LANE = lane_check(FAMILY)  # check_config_arg's check_id: one function object (its memo key)
 
 
 def check_config_arg(config: str, op: str = "scaled_mm_fp8") -> None:
     """ValueError (naming `oasr.<op>`) unless `config` is auto, a sentinel, an fp8 lane's config id (of any arch:
     the CPU cannot know the GPU's) or a region table of those: the same rule on CPU and CUDA and in the fake."""
-    _check_config_arg(config, op, _lane_reason)
+    _check_config_arg(config, op, _IN_A_LANE)
 
 
 def _layout(op, a, w, scale_a, scale_w, bias, out_scale=None) -> None:
