@@ -134,6 +134,19 @@ def _check_config_uncached(cfg: str, lane: Any, table: Mapping[str, Any], op: st
     return None
 
 
+def region_rows_problem(raw: Any) -> str | None:
+    """Why `raw` is not a region table's shape — a list of ``[m_hi, config]`` rows, m_hi an integer >= 1 or null,
+    config a string — or None. The strict check of the offline tools that read a file as a whole and refuse it
+    (`oasr tune evaluate --db`, `serving-regions`); the serving path's `_parse_regions` skips such rows instead."""
+    if not isinstance(raw, list):
+        return "regions is not a list"
+    for i, r in enumerate(raw):
+        if not (isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
+                and (r[0] is None or (type(r[0]) is int and r[0] >= 1))):
+            return f"region {i} {json.dumps(r)[:80]} is not [m_hi (an integer >= 1, or null), config]"
+    return None
+
+
 def _parse_regions(raw: Any, sig: str, lane: Any, table: Mapping[str, Any], op: str,
                    pr: Problems, memo: dict, field_name: str = "regions"
                    ) -> tuple[tuple[int | None, str | None], ...] | None:

@@ -68,18 +68,15 @@ def db_entries_of(data: Any, where: str) -> dict[str, Any]:
         entries = {k: v for k, v in data.items() if "|" in k}
     else:
         raise ValueError(f"{where}: not a tuning DB file")
+    from ..runtime.db_entries import region_rows_problem
+
     for sig, e in entries.items():
         table = e.get("regions") if isinstance(e, Mapping) else e
         if table is None:
             continue  # an entry without regions (exact points only) answers the miss
-        if not isinstance(table, list):
-            raise ValueError(f"{where}: entry {sig!r}: regions is not a list")
-        for i, r in enumerate(table):
-            ok = isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[1], str) and (
-                r[0] is None or (type(r[0]) is int and r[0] >= 1))
-            if not ok:
-                raise ValueError(f"{where}: entry {sig!r}: region {i} {json.dumps(r)[:80]} is not "
-                                 "[m_hi (an integer >= 1, or null), config]")
+        why = region_rows_problem(table)
+        if why is not None:
+            raise ValueError(f"{where}: entry {sig!r}: {why}")
     return entries
 
 

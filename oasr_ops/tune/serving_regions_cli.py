@@ -8,7 +8,6 @@ shadow the system entries (as any user entry does): run it again after upgrading
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
@@ -40,16 +39,11 @@ def _read(family: str, arch: str, tier: str) -> dict[str, Any]:
 def _check_regions(path: Any, sig: str, e: dict[str, Any]) -> None:
     """ValueError naming the file and the entry unless its ``regions`` are rows ``[m_hi, config]`` with m_hi an
     integer >= 1 or null (the rule compares m_hi with the measured Ms)."""
-    regions = e.get("regions")
-    if regions is None:
-        return
-    if not isinstance(regions, list):
-        raise ValueError(f"{path}: entry {sig!r}: regions is not a list; nothing written")
-    for i, r in enumerate(regions):
-        if not (isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
-                and (r[0] is None or (type(r[0]) is int and r[0] >= 1))):
-            raise ValueError(f"{path}: entry {sig!r}: region {i} {json.dumps(r)[:80]} is not [m_hi (an integer "
-                             ">= 1, or null), config]; nothing written")
+    from ..runtime.db_entries import region_rows_problem
+
+    why = region_rows_problem(e["regions"]) if e.get("regions") is not None else None
+    if why is not None:
+        raise ValueError(f"{path}: entry {sig!r}: {why}; nothing written")
 
 
 def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
