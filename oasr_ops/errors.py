@@ -53,6 +53,17 @@ def json_file(path: str | os.PathLike[str], what: str) -> Any:
         raise UsageError(f"{what} {path}: unreadable ({e.strerror or e})") from None
 
 
+def is_int(v: Any) -> bool:
+    """A JSON integer (True/False are Python ints, not JSON numbers): the readers of files others write check
+    their fields with these two."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """A JSON number, NaN and infinity included (Python's json reads them): callers bound it as they need."""
+    return is_int(v) or isinstance(v, float)
+
+
 def json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of the JSON-lines file at `path`; ValueError naming the
     file and line for one that is not JSON (or nested too deeply), or the file for bytes that are not UTF-8. The

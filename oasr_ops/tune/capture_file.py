@@ -31,10 +31,8 @@ def read_capture(path: str | os.PathLike) -> list[dict[str, Any]]:
 def capture_problem(r: Any) -> str | None:
     """Why a capture record cannot be merged into a census, or None: ``signature`` a tuning signature, ``m`` an
     integer > 0, ``calls`` (default 1) an integer >= 0, ``dtype`` (default half) a string."""
+    from ..errors import is_int
     from ..runtime.database import parse_signature
-
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
 
     if not isinstance(r, dict):
         return "not a JSON object"

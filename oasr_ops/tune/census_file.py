@@ -18,16 +18,13 @@ def check_census_doc(doc: Any, where: str) -> None:
     ``weight_bytes``, ``n`` and ``k`` integers >= 0."""
     import math
 
-    from ..errors import UsageError
+    from ..errors import UsageError, is_int, is_number
 
     def bad(msg: str) -> UsageError:
         return UsageError(f"{where}: {msg}")
 
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def is_number(v: Any) -> bool:
-        return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    def is_finite(v: Any) -> bool:
+        return is_number(v) and math.isfinite(v)
 
     sigs = doc.get("signatures") if isinstance(doc, dict) else None
     if not isinstance(sigs, dict) or doc.get("kind") not in (None, "oasr-census"):
@@ -47,9 +44,9 @@ def check_census_doc(doc: Any, where: str) -> None:
             m = p.get("m", p.get("M")) if isinstance(p, dict) else None
             if not (is_int(m) and m > 0):
                 raise bad(f"signature {sig!r} point {i}: needs an integer m > 0, got {p!r}")
-            if "weight" in p and not (is_number(p["weight"]) and p["weight"] >= 0):
+            if "weight" in p and not (is_finite(p["weight"]) and p["weight"] >= 0):
                 raise bad(f"signature {sig!r} point {i}: weight must be a finite number >= 0, got {p['weight']!r}")
-            if "eager_fraction" in p and not (is_number(p["eager_fraction"]) and 0 <= p["eager_fraction"] <= 1):
+            if "eager_fraction" in p and not (is_finite(p["eager_fraction"]) and 0 <= p["eager_fraction"] <= 1):
                 raise bad(f"signature {sig!r} point {i}: eager_fraction must be in [0, 1], "
                           f"got {p['eager_fraction']!r}")
             if "calls" in p and not (is_int(p["calls"]) and p["calls"] >= 0):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ..errors import is_int, is_number
 from ..runtime.select import resolve_in_table
 from .points import Point
 
@@ -120,14 +121,6 @@ def as_selector(obj: Selector, miss: str | None = None) -> SelectorFn:
 
 # ---------------------------------------------------------------------------------------------- the log
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return _is_int(v) or isinstance(v, float)
-
-
 def record_problem(r: Any) -> str | None:
     """Why a measurement-log record cannot be read, or None. A log is appended to by builds and may be edited or
     cut by hand: the fields the readers convert are checked where present (a record lacking one is not a
@@ -144,17 +137,17 @@ def record_problem(r: Any) -> str | None:
     for key in ("signature", "config"):
         if key in r and not isinstance(r[key], str):
             return f"{key} must be a string, {got(key)}"
-    if "m" in r and not (_is_int(r["m"]) and r["m"] > 0):
+    if "m" in r and not (is_int(r["m"]) and r["m"] > 0):
         return f"m must be an integer > 0, {got('m')}"
     for key in ("median_s", "sigma_s"):
-        if r.get(key) is not None and not _is_number(r[key]):
+        if r.get(key) is not None and not is_number(r[key]):
             return f"{key} must be a number of seconds, {got(key)}"
-    if r.get("weight") is not None and not (_is_number(r["weight"]) and 0 <= r["weight"] < math.inf):
+    if r.get("weight") is not None and not (is_number(r["weight"]) and 0 <= r["weight"] < math.inf):
         return f"weight must be a finite number >= 0, {got('weight')}"
-    if r.get("eager_fraction") is not None and not (_is_number(r["eager_fraction"])
+    if r.get("eager_fraction") is not None and not (is_number(r["eager_fraction"])
                                                      and 0 <= r["eager_fraction"] <= 1):
         return f"eager_fraction must be in [0, 1], {got('eager_fraction')}"
-    if "n" in r and r["n"] is not None and not (_is_int(r["n"]) and r["n"] >= 0):
+    if "n" in r and r["n"] is not None and not (is_int(r["n"]) and r["n"] >= 0):
         return f"n must be an integer >= 0, {got('n')}"
     if r.get("validators") is not None and not isinstance(r["validators"], dict):
         return f"validators must be an object, {got('validators')}"
