@@ -30,7 +30,7 @@ import itertools
 import torch
 
 import oasr_ops  # noqa: F401  (registers the families)
-from oasr_ops.codegen.emit_int8 import act_variant
+from oasr_ops.codegen.variants import act_variant
 from oasr_ops.codegen.jit import JitSpec, build_many
 from oasr_ops.codegen.render_layer_norm_quant import THREADS_PER_ROW, VECS, LnqConfig
 from oasr_ops.families.layer_norm_quant.kernels import spec_for

@@ -381,7 +381,7 @@ sys.path.insert(0, "benchmarks")
 import torch
 import host_overhead as H
 from oasr_ops.codegen.templates import ABI_VERSION
-from oasr_ops.codegen.emit_int8 import SMM_ABI_VERSION, SMMR_ABI_VERSION
+from oasr_ops.codegen.variants import SMM_ABI_VERSION, SMMR_ABI_VERSION
 from oasr_ops.codegen.render_conv1d import DWCONV_ABI_VERSION
 from oasr_ops.codegen.render_layer_norm_quant import LNQ_ABI_VERSION
 

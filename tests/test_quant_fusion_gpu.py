@@ -22,7 +22,7 @@ import oasr_ops  # noqa: E402
 from _act_envelope import assert_in_envelope, int8_envelope, kernel_error, log_envelope  # noqa: E402
 from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.codegen.render_layer_norm_quant import SPACE  # noqa: E402
-from oasr_ops.codegen.emit_int8 import act_variant  # noqa: E402
+from oasr_ops.codegen.variants import act_variant  # noqa: E402
 from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
 from oasr_ops.families.layer_norm_quant.ops import reference_layer_norm_quant  # noqa: E402
 from oasr_ops.families.scaled_mm.act_quant import (apply_activation, epilogue_fma_fp32,  # noqa: E402

@@ -31,15 +31,7 @@ from .act_math import ACT_MATH  # noqa: E402
 from .emit import EmittedKernel, NamedEpilogue, sm90_schedules  # noqa: E402
 from .templates import ABI_VERSION  # noqa: E402
 from .templates import environment as _env  # noqa: E402
-from .variants import (  # noqa: E402,F401  (the names, defined without cutlass_library; re-exported)
-    ACT_BIAS_SUFFIX,
-    ACTIVATIONS,
-    RESIDUAL_SUFFIX,
-    RESIDUAL_VARIANTS,
-    SMM_ABI_VERSION,
-    SMMR_ABI_VERSION,
-    act_variant,
-)
+from .variants import ACT_BIAS_SUFFIX, RESIDUAL_VARIANTS, SMM_ABI_VERSION, SMMR_ABI_VERSION  # noqa: E402
 from .variants import INT8_ACT_VARIANTS as ACT_VARIANTS  # noqa: E402
 
 OUT_DTYPES = ("fp16", "bf16", "int8")
