@@ -79,13 +79,12 @@ def main() -> int:
     model = build_model(size=args.size).to(args.device, dtype).eval()
     feats, lengths = example_inputs(batch=args.batch, frames=args.frames, device=args.device, with_lengths=True)
     feats = feats.to(dtype)
-    res: dict = {"size": args.size, "batch": args.batch, "frames": args.frames, "also_frames": args.also_frames, "torch": torch.__version__,
-                 "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "backends": {}}
-    res["grad_mode"], res["cuda_activity"], res["dynamic"] = args.grad_mode, args.cuda_activity, args.dynamic
-    res["dynamo_config"] = args.dynamo_config
+    res: dict = {**vars(args), "torch": torch.__version__, "backends": {},
+                 "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     with torch.inference_mode() if args.grad_mode == "inference" else torch.no_grad():
         for name in args.backends.split(","):
-            fn = model if name == "eager" else torch.compile(model, backend=name, dynamic=True if args.dynamic else None)
+            dynamic = True if args.dynamic else None  # None: Dynamo's default (dynamic on a second shape)
+            fn = model if name == "eager" else torch.compile(model, backend=name, dynamic=dynamic)
             for _ in range(3):  # compile and warm up
                 fn(feats, lengths)
             if args.also_frames:

@@ -40,8 +40,9 @@ from ...runtime.plans import PlanCache, make_plan
 from . import checks, ops
 
 ACTIVATIONS = ("gelu", "silu")
-# The bias elements the kernels read (codegen/variants.py ACT_BIAS_SUFFIX), and the plan key's bias field: 0 without a bias,
-# else the element's code, as the C++ hot path computes it (templates/hot_path.cpp, `act_quant_bias_code`).
+# The bias elements the kernels read (codegen/variants.py ACT_BIAS_SUFFIX), and the plan key's bias field: 0
+# without a bias, else the element's code, as the C++ hot path computes it (templates/hot_path.cpp,
+# `act_quant_bias_code`).
 BIAS_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _BIAS_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _lib = torch.library.Library("oasr", "FRAGMENT")
