@@ -5,8 +5,8 @@
 Why: a shipped tuning file is stamped with its lane's `impl` hash (the rendered kernel sources). When a source change
 cannot affect a measured kernel (e.g. a helper template the kernel never instantiates), the entries' timings still
 describe today's kernels; this is the evidence for re-stamping instead of re-measuring (docs/tuning.md, "Stale
-shipped entries"). No GPU and no cuobjdump needed: the `.nv_fatbin` sections (`objcopy --dump-section`) are compared byte for byte
-after one normalisation — nvcc names internal-linkage symbols `_INTERNAL_<8 hex>_...` (and anonymous namespaces
+shipped entries"). No GPU and no cuobjdump needed: the `.nv_fatbin` sections (`objcopy --dump-section`) are
+compared byte for byte after one normalisation — nvcc names internal-linkage symbols `_INTERNAL_<8 hex>_...` (and anonymous namespaces
 `_GLOBAL__N__<8 hex>_...`) with a hash of the translation unit, which any source edit changes; every occurrence of
 each side's hash is replaced by one placeholder.
 """
