@@ -115,8 +115,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
     process says what is left — measured on the H200 (docs/perf/e2e.md, "The eager floor", "layer_norm_quant on the
     C++ hot path"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.31-1.35x and int8 1.14-1.24x
     overall, int8 0.84-0.93x at 1 utterance per batch; without it fp16 0.77-0.90x, int8 0.67x. Unless the graph is
-    frozen it also names freezing (int8 1.44x frozen vs 1.11x unfrozen, session 23). With mode="reduce-overhead"
-    there is no host path to speed up."""
+    frozen it also names freezing (sessions 23-25: frozen fp16 and frozen int8 both ~1.42x, unfrozen 1.32x and
+    1.11x). With mode="reduce-overhead" there is no host path to speed up."""
     if _uses_cuda_graphs(patches) or not _any_cuda(example_inputs):
         return
     why_not = "off (cpp_hot_path=False)"
@@ -136,11 +136,13 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             "ops add Python host time per call" if not why_not
             else f"the C++ hot path of the oasr ops is {why_not}: every oasr op call adds Python host time")
     # Not frozen, every per-call weight transform (BatchNorm folds, casts, permutes) is a launch of its own; frozen
-    # they fold once (docs/perf/e2e.md, "Freezing: the A/B with both fixes": int8 frozen 1.44x vs unfrozen 1.11x)
+    # they fold once (docs/perf/e2e.md, sessions 23-25: int8 frozen 1.44x vs unfrozen 1.11x; fp16 frozen 1.49x vs
+    # 1.32x; both frozen in one process: level at 1.42x)
     freeze = ("" if inductor_config.freezing else
               '; where CUDA graphs do not fit the traffic, compile with torch._inductor.config.freezing = True '
-              "under torch.no_grad() (per-call weight transforms fold once: int8 measured 1.44x overall and "
-              "1.18x at 1 utterance frozen, 1.11x unfrozen)")
+              "under torch.no_grad() (per-call weight transforms fold once: fp16 measured 1.42-1.49x frozen vs "
+              "1.32x unfrozen, int8 1.42-1.44x frozen vs 1.11x: frozen fp16 is as fast as frozen int8 at a fifth "
+              "of its error)")
     _warn_once("no-cuda-graphs",
                f'backend="oasr" without CUDA graphs: {host}, so a host-bound model (small batches) can run slower '
                'than backend="inductor" (measured on the H200, variable-length traffic, vs fp16 Inductor: with the '
