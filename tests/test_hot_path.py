@@ -280,6 +280,36 @@ def test_build_failure_is_a_build_error(tmp_path, monkeypatch):
         host_ext.cxx_version.cache_clear()
 
 
+def test_load_refuses_a_directory_others_can_write(tmp_path, monkeypatch):
+    """A verified hot-path library in a directory others can write is never dlopened (UnsafeCacheError, a
+    BuildError the backend's fallback catches), as the kernels' loader refuses: the check-then-load race."""
+    import hashlib
+
+    import torch
+
+    from oasr_ops.codegen import host_ext
+    from oasr_ops.codegen.cache_trust import UnsafeCacheError, manifest_path
+
+    jdir = tmp_path / "jit"
+    jdir.mkdir(mode=0o700)
+    monkeypatch.setenv("OASR_JIT_DIR", str(jdir))
+    monkeypatch.setattr(host_ext, "_loaded_path", None)
+    ext = host_ext.HostExtension()
+    so = ext.so_path
+    so.parent.mkdir(parents=True, exist_ok=True)
+    so.write_bytes(b"not really a library")
+    manifest_path(so).write_text(f"{hashlib.sha256(so.read_bytes()).hexdigest()} {so.name}\n")
+    opened = []
+    monkeypatch.setattr(torch.ops, "load_library", lambda p: opened.append(p))
+    so.parent.chmod(0o777)
+    try:
+        with pytest.raises(UnsafeCacheError, match="writable by"):
+            ext.load()
+    finally:
+        so.parent.chmod(0o700)
+    assert opened == []
+
+
 def test_enable_from_env_without_cuda_keeps_python(monkeypatch):
     """OASR_CPP_HOT_PATH=1 on a machine without CUDA: nothing changes (the hot path serves CUDA only)."""
     from oasr_ops.families import hot_path

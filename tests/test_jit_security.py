@@ -188,6 +188,31 @@ def test_refuses_a_directory_owned_by_someone_else(env, monkeypatch):
         spec.build()
 
 
+def test_a_cache_it_cannot_write_is_a_build_error(env, monkeypatch):
+    """A read-only or full cache fails at the per-kernel lock file before nvcc runs: a BuildError (which the ops
+    catch to fall back, build_many reports per kernel and KernelCache remembers), not a raw OSError. (As root a
+    chmod cannot deny the lock, so the lock itself raises what a read-only directory gives.)"""
+    spec, fake, jdir = env
+
+    class ReadOnlyLock:
+        def __init__(self, path):
+            self.path = path
+
+        def __enter__(self):
+            raise PermissionError(13, "Permission denied", self.path)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(jit, "FileLock", ReadOnlyLock)
+    with pytest.raises(BuildError, match="cannot build .*Permission denied"):
+        spec.build()
+    with pytest.raises(BuildError):
+        spec.load()
+    report = jit.build_many([spec], jobs=1, progress=False)
+    assert report.failed and fake.runs == 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 2. verify before dlopen
 

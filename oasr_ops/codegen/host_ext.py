@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import templates_dir
-from .cache_trust import BuildError, LoadError, _verify
+from .cache_trust import BuildError, LoadError, _check_dir, _verify
 from .jit import CompiledLibrary, content_key, on_demand_builds_allowed
 
 HOT_PATH_ABI_VERSION = 3  # templates/hot_path.cpp kAbiVersion
@@ -110,6 +110,8 @@ class HostExtension(CompiledLibrary):
                     raise BuildError(f"the C++ hot path is not prebuilt ({path}) and OASR_JIT_BUILD=off forbids "
                                      "compiling it at run time; build it ahead: `oasr tune prebuild --hot-path-only`")
                 self.build()
+            if path.parent.exists():
+                _check_dir(path.parent)  # UnsafeCacheError: never dlopen from a directory others can write
             why = _verify(path)  # checked right before the dlopen, as every kernel
             if why is not None:
                 raise LoadError(f"{path} {why}")

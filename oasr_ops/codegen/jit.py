@@ -186,15 +186,18 @@ class CompiledLibrary:
             raise BuildError(f"cannot build {self.name}: {self.compiler_label} not found ({self.compiler_hint})")
         _secure_dir(jdir)
         _secure_dir(self.log_path.parent)
-        with FileLock(str(out) + ".lock"):
-            why = _verify(out)
-            if why is None and (bad_digest is None or _sha256(out) != bad_digest):
-                return out  # built (again) by another process meanwhile
-            if why not in (None, "missing"):
-                warnings.warn(f"oasr_ops: {self.library_label} {out} {why}; not loading it, rebuilding it",
-                              RuntimeWarning, stacklevel=3)
-            _sweep_stale_builds(jdir, out.stem)
-            self._compile(out, jdir)
+        try:  # the lock file and the sweep write too: a read-only or full cache is a BuildError, as in _compile
+            with FileLock(str(out) + ".lock"):
+                why = _verify(out)
+                if why is None and (bad_digest is None or _sha256(out) != bad_digest):
+                    return out  # built (again) by another process meanwhile
+                if why not in (None, "missing"):
+                    warnings.warn(f"oasr_ops: {self.library_label} {out} {why}; not loading it, rebuilding it",
+                                  RuntimeWarning, stacklevel=3)
+                _sweep_stale_builds(jdir, out.stem)
+                self._compile(out, jdir)
+        except OSError as e:
+            raise BuildError(f"cannot build {self.name}: {e}", self.log_path) from None
         return out
 
     def _compile(self, out: Path, jdir: Path) -> None:
