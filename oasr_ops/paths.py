@@ -6,6 +6,8 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
+import warnings
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -128,3 +130,28 @@ def write_text_atomic(path: Path, text: str, mode: int | None = None) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def aside_path(path: Path) -> Path:
+    """A free `<name>.corrupt-<UTC stamp>[-n]` beside `path`: where an unusable file is kept."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while os.path.lexists(dest):  # two moves within a second: never clobber an earlier one
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    return dest
+
+
+def move_aside(path: Path, why: str, what: str, category: type[Warning]) -> Path:
+    """Rename an unusable file out of the way (under its writer's lock) before a new one replaces it, with one
+    warning naming both; RuntimeError when it cannot be moved (then nothing may overwrite it). `what` names the
+    file for the messages ("tuning DB", "oasr.autotune: cache")."""
+    dest = aside_path(path)
+    try:
+        os.rename(path, dest)
+    except OSError as e:
+        raise RuntimeError(f"{what} {path} is unusable ({why}) and could not be moved aside to {dest} "
+                           f"({e.strerror or e}); refusing to replace it: move or repair it by hand") from None
+    warnings.warn(f"{what} {path}: existing file unusable ({why}); moved aside to {dest}; writing a new file",
+                  category, stacklevel=3)
+    return dest

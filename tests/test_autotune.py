@@ -198,6 +198,45 @@ def test_other_arch_is_not_loaded_and_not_overwritten(tmp_path):
     assert json.loads(p.read_text())["arch"] == "sm80"
 
 
+def test_newer_version_is_not_overwritten(tmp_path):
+    doc = {"version": 4, "arch": "sm90", "results": {}}
+    p = _write(tmp_path / "c.json", doc)
+    c = ResultCache("sm90")
+    c.add(SIG, Result(100, "default"))
+    with pytest.warns(AutotuneWarning, match="newer oasr_ops.*unknown version 4.*not overwritten"):
+        assert c.flush(p) == 0
+    assert json.loads(p.read_text()) == doc
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe not utf-8", b"[" * 100_000, b"{\"version\": 3,", b"[1, 2]"],
+                         ids=["not-utf8", "too-deep", "torn", "not-an-object"])
+def test_unreadable_cache_warns_on_load_and_is_kept_aside_on_flush(tmp_path, raw):
+    """Any unreadable cache: load warns and loads nothing; flush keeps the old bytes aside (one warning naming
+    where) and writes a fresh file — never a traceback, never a silent overwrite."""
+    p = tmp_path / "c.json"
+    p.write_bytes(raw)
+    c = ResultCache("sm90")
+    with pytest.warns(AutotuneWarning, match="not loaded"):
+        assert c.load(p) == 0
+    c.add(SIG, Result(100, "torch"))
+    with pytest.warns(AutotuneWarning, match="moved aside to"):
+        assert c.flush(p) == 1
+    kept = list(tmp_path.glob("c.json.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == raw
+    assert json.loads(p.read_text())["results"][SIG]
+
+
+def test_flush_keeps_the_file_mode(tmp_path):
+    p = tmp_path / "c.json"
+    c = ResultCache("sm90")
+    c.add(SIG, Result(100, "torch"))
+    c.flush(p)
+    p.chmod(0o600)
+    c.add(SIG, Result(200, "torch"))
+    c.flush(p)
+    assert p.stat().st_mode & 0o777 == 0o600
+
+
 def test_environment_difference_warns_but_loads(tmp_path):
     from oasr_ops.tune.autotune_cache import current_env
 
@@ -260,6 +299,23 @@ def test_publish_into_the_user_tier_at_the_measured_m(tuning_env, tmp_path):
     database.reload()
     assert _sel(100) .tier == "user" and _sel(100).config == won and _sel(99).config == won
     assert _sel(101).tier != "user"            # no catch-all: above the measured M falls through
+
+
+def test_an_unwritable_cache_and_user_tier_warn_at_exit_and_keep_serving(tuning_env, tmp_path, monkeypatch):
+    """The cache path and the user tier both under a regular file (NotADirectoryError, what a read-only or
+    mistyped path gives): leaving the context warns once for each and raises nothing; the winners were served."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OASR_TUNE_USER_DB", str(blocker / "user"))
+    fake = FakeMeasurer()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with oasr_ops.autotune(cache=blocker / "c.json", measure=fake) as t:
+            assert _sel(100).tier == "autotune"
+    texts = [str(w.message) for w in got]
+    assert any("results not saved to" in m and "c.json" in m for m in texts), texts
+    assert any("gemm winners not published" in m for m in texts), texts
+    assert not t.stats.published and not t.active
 
 
 def test_publish_false_writes_no_db(tuning_env):

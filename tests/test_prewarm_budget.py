@@ -71,7 +71,7 @@ def test_candidate_specs_are_the_prewarm_candidates_kernels():
     assert len(specs) == len({s.name for s in specs})
 
 
-def test_report_says_compiled_measured_and_left(monkeypatch):
+def test_report_says_compiled_measured_and_left(monkeypatch, tmp_path):
     import torch
 
     from oasr_ops.runtime import arch
@@ -83,9 +83,58 @@ def test_report_says_compiled_measured_and_left(monkeypatch):
     monkeypatch.setattr(arch, "current_arch_family", lambda *a, **k: "sm90")
     monkeypatch.setattr(prewarm, "measure_within_budget", lambda pts, budget: run)
     monkeypatch.setattr(prewarm, "publish_winners", lambda measured: [])
+    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))  # conftest turns it off
     rep = prewarm.run_prewarm(_points(), TuningConfig(mode="prewarm", budget_s=60.0))
     assert rep.compiled == ["k1", "k2"] and rep.compile_s == 25.0 and rep.measure_s == 40.0
     assert len(rep.measured) == 3 and sorted(p.m for p in rep.left_to_model) == [16, 64]
     text = str(rep)
     assert "compiled 2 kernel(s) in 25.0s" in text and "measured 3 point(s) in 40.0s" in text
     assert "2 left to the model" in text and "1 point(s) not reached" in text
+
+
+def _fake_gpu(monkeypatch):
+    import torch
+
+    from oasr_ops.runtime import arch
+
+    monkeypatch.setattr(prewarm, "is_covered", lambda p, arch=None: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(arch, "current_arch_family", lambda *a, **k: "sm90")
+
+
+def test_user_tier_off_measures_nothing_and_says_so(monkeypatch):
+    """OASR_TUNE_USER_DB=off: the winners could not be published (they are served through that tier), so nothing
+    is measured — one warning, the report's note — instead of measuring and then failing the compile."""
+    import pytest
+
+    from oasr_ops.tuning import TuningConfig
+
+    _fake_gpu(monkeypatch)
+    monkeypatch.setenv("OASR_TUNE_USER_DB", "off")
+    monkeypatch.setattr(prewarm, "measure_within_budget", lambda pts, budget: pytest.fail("measured"))
+    with pytest.warns(UserWarning, match="user tier is disabled.*5 uncovered point"):
+        rep = prewarm.run_prewarm(_points(), TuningConfig(mode="prewarm", budget_s=60.0), inside_compile=True)
+    assert not rep.measured and not rep.published and "OASR_TUNE_USER_DB=off" in rep.note
+    assert len(rep.left_to_model) == 5
+
+
+def test_a_publish_failure_keeps_the_report_and_warns(monkeypatch):
+    """An unwritable or unusable user tier at publish time: the compile goes on (cost-model tier for those
+    points), one warning names the cause, the report keeps what was measured."""
+    import pytest
+
+    from oasr_ops.tuning import TuningConfig
+
+    run, _order, _ = _run(budget=60.0, compile_s=25.0, point_s=10.0)
+    _fake_gpu(monkeypatch)
+    monkeypatch.setenv("OASR_TUNE_USER_DB", "/ro/user")
+    monkeypatch.setattr(prewarm, "measure_within_budget", lambda pts, budget: run)
+
+    def publish(measured):
+        raise PermissionError(13, "Permission denied", "/ro/user/sm90/gemm.json.lock")
+
+    monkeypatch.setattr(prewarm, "publish_winners", publish)
+    with pytest.warns(UserWarning, match="3 measured point.*not published.*Permission denied"):
+        rep = prewarm.run_prewarm(_points(), TuningConfig(mode="prewarm", budget_s=60.0), inside_compile=True)
+    assert len(rep.measured) == 3 and not rep.published
+    assert "not published" in rep.note and "1 point(s) not reached" in rep.note

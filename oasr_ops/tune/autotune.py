@@ -319,7 +319,11 @@ class Autotune:
     def flush(self) -> None:
         """Write new results to the cache file and (publish=True) the new winners into the user tier."""
         if self.cache is not None and self.cache_path is not None:
-            self.stats.flushed += self.cache.flush(self.cache_path)
+            try:
+                self.stats.flushed += self.cache.flush(self.cache_path)
+            except (OSError, RuntimeError, TimeoutError) as e:  # unwritable path, busy lock, unmovable bad file
+                _warn_once(f"flush:{self.cache_path}:{e}", f"oasr.autotune: results not saved to {self.cache_path} "
+                           f"({e}); this process keeps serving them")
         if self.publish and self._winners:
             self._publish()
 
@@ -338,7 +342,7 @@ class Autotune:
         for family, ents in entries.items():
             try:
                 paths.append(str(database.publish(family, ents, tier="user", arch=self.arch, merge_regions=True)))
-            except (RuntimeError, ValueError, TimeoutError) as e:
+            except (OSError, RuntimeError, ValueError, TimeoutError) as e:
                 _warn_once(f"publish:{family}:{e}", f"oasr.autotune: {family} winners not published ({e})")
         self._winners.clear()
         self.stats.published += paths

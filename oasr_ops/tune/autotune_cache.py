@@ -39,6 +39,7 @@ from typing import Any, Mapping
 from .. import paths
 from ..configs import SENTINELS, ConfigError, parse
 from ..runtime.database import parse_signature
+from ..runtime.db_files import read_document
 from .shapes import bucket_of
 
 VERSION = 3
@@ -169,17 +170,11 @@ def current_env() -> dict[str, Any]:
     return env
 
 
-def _read(path: Path) -> tuple[Any, str | None]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, "absent"
-    except OSError as e:
-        return None, f"unreadable: {e}"
-    try:
-        return json.loads(text), None
-    except ValueError as e:
-        return None, f"not JSON: {e}"
+def _read(path: Path) -> tuple[Any, str | None, int | None]:
+    """(document, None, mode) or (None, why, mode); why is "absent" for a missing file. The tuning DB's reader:
+    size-capped, never raises (not UTF-8, too deep, not JSON: a why)."""
+    d = read_document(path)
+    return (d.doc if d.why is None else None), d.why, d.mode
 
 
 def _hard_problem(doc: Any, arch: str) -> str | None:
@@ -227,7 +222,7 @@ class ResultCache:
         """Add the results of `path` (any version); returns how many. A missing file is an empty cache; a file
         of another arch or an unknown version is not loaded (one warning); environment differences warn."""
         path = Path(path)
-        doc, why = _read(path)
+        doc, why, _mode = _read(path)
         if why == "absent":
             return 0
         why = why or _hard_problem(doc, self.arch)
@@ -271,22 +266,23 @@ class ResultCache:
         except Timeout:
             raise TimeoutError(f"oasr.autotune: could not lock {path} within {lock_timeout}s") from None
         try:
-            doc, why = _read(path)
+            doc, why, mode = _read(path)
             merged: dict[Key, list[Result]] = {}
             if why is None:
                 problem = _hard_problem(doc, self.arch)
-                if problem is not None and isinstance(doc, dict) and doc.get("arch") not in (None, self.arch):
-                    warnings.warn(f"oasr.autotune: cache {path} belongs to another arch ({problem}); "
+                if problem is not None and isinstance(doc, dict) and (
+                        doc.get("arch") not in (None, self.arch) or doc.get("version") not in (None, 1, 2, 3)):
+                    # another arch's cache, or a newer oasr_ops's: someone's valid data, never overwritten
+                    warnings.warn(f"oasr.autotune: cache {path} is another arch's or a newer oasr_ops's ({problem}); "
                                   "not overwritten, results not saved", AutotuneWarning, stacklevel=3)
                     return 0
                 if problem is None:
                     merged, _bad = parse_results(doc)
                 else:
-                    warnings.warn(f"oasr.autotune: cache {path} unusable ({problem}); replacing it",
-                                  AutotuneWarning, stacklevel=3)
-            elif why != "absent":
-                warnings.warn(f"oasr.autotune: cache {path} unusable ({why}); replacing it", AutotuneWarning,
-                              stacklevel=3)
+                    why = problem
+            if why not in (None, "absent"):  # unreadable: kept aside, never overwritten
+                paths.move_aside(path, why, "oasr.autotune: cache", AutotuneWarning)
+                mode = None
             for key, lst in new.items():
                 for r in lst:
                     _insert(merged.setdefault(key, []), r)
@@ -294,7 +290,7 @@ class ResultCache:
             for (sig, b), lst in sorted(merged.items()):
                 out.setdefault(sig, {})[str(b)] = [r.as_json() for r in lst]
             paths.write_text_atomic(path, json.dumps({"version": VERSION, "arch": self.arch, "env": current_env(),
-                                                      "results": out}, indent=1))
+                                                      "results": out}, indent=1), mode=mode)
         finally:
             lock.release()
         with self._lock:

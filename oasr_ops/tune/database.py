@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -213,31 +212,14 @@ def _remove_orphans(path: Path) -> None:
             pass
 
 
-def _aside_path(path: Path) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
-    while os.path.lexists(dest):  # two moves within a second: never clobber an earlier one
-        n += 1
-        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-    return dest
-
-
 def _move_aside(path: Path, why: str) -> Path:
     """Rename an unusable file out of the way (under the lock). Raises RuntimeError when it cannot be moved."""
-    dest = _aside_path(path)
-    try:
-        os.rename(path, dest)
-    except OSError as e:
-        raise RuntimeError(f"tuning DB {path} is unusable ({why}) and could not be moved aside to {dest} "
-                           f"({e.strerror or e}); refusing to replace it: move or repair it by hand") from None
-    warnings.warn(f"tuning DB {path}: existing file unusable ({why}); moved aside to {dest}; writing a new file",
-                  TuningDBWarning, stacklevel=3)
-    return dest
+    return paths.move_aside(path, why, "tuning DB", TuningDBWarning)
 
 
 def _keep_copy(path: Path, dropped: list[str]) -> None:
     """Keep the old file (hard link, else a copy) before entries no reader can serve are dropped from it."""
-    dest = _aside_path(path)
+    dest = paths.aside_path(path)
     try:
         try:
             os.link(path, dest)

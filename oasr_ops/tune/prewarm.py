@@ -25,9 +25,11 @@ timing works.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .. import paths as _paths
 from .points import Point  # signature in the dt=half spelling; dtype: fp16 | bf16
 
 
@@ -326,12 +328,22 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
             rep.note = "no GPU: nothing to measure on a CPU"
         elif current_arch_family() is None:
             rep.note = "no arch"
+        elif _paths.user_db_dir() is None:  # measuring would be lost: the winners are served through that tier
+            rep.note = "the user tier is disabled (OASR_TUNE_USER_DB=off): nothing measured, nothing to publish into"
+            warnings.warn(f"oasr prewarm: {rep.note}; {len(todo)} uncovered point(s) left to the cost-model tier",
+                          UserWarning, stacklevel=2)
         else:
             run = measure_within_budget(todo, tuning.budget_s)
             rep.measured = run.measured
             rep.compiled, rep.compile_failed = run.compiled, run.compile_failed
             rep.compile_s, rep.measure_s = run.compile_s, run.measure_s
-            rep.published = publish_winners(rep.measured)
+            try:
+                rep.published = publish_winners(rep.measured)
+            except (OSError, RuntimeError, TimeoutError) as e:  # an unwritable / unusable user tier: the
+                # documented fallback is the cost-model tier for these points, said once; the report keeps them
+                rep.note = f"{len(rep.measured)} measured point(s) not published to the user tier ({e})"
+                warnings.warn(f"oasr prewarm: {rep.note}; they are left to the cost-model tier", UserWarning,
+                              stacklevel=2)
             if rep.published:
                 if inside_compile:
                     from ..runtime.reload import reload_tuning
@@ -342,8 +354,9 @@ def run_prewarm(points: Sequence[Point], tuning: Any, *, inside_compile: bool = 
 
                     reload_tuning()
             if len(run.attempted) < len(todo):
-                rep.note = (f"budget {tuning.budget_s}s: {len(todo) - len(run.attempted)} point(s) not reached, "
-                            "served by the cost-model tier")
+                rep.note = "; ".join(filter(None, (rep.note, (
+                    f"budget {tuning.budget_s}s: {len(todo) - len(run.attempted)} point(s) not reached, "
+                    "served by the cost-model tier"))))
     rep.uncovered = [p for p in todo if not is_covered(p)]
     rep.left_to_model = [p for p in todo if (p.signature, p.dtype, p.m) not in rep.measured]
     rep.elapsed_s = time.monotonic() - t0
