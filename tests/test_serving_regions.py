@@ -168,6 +168,39 @@ def test_cli_derives_writes_and_is_idempotent(env, capsys):
     assert "unknown kernel family" in capsys.readouterr().err
 
 
+def test_a_concurrent_writer_between_read_and_write_is_not_reverted(env, monkeypatch):
+    """derive_file reads outside publish's lock: another writer landing its entry in between (a build) must keep
+    it — the write is conditional on the file read, the derivation is redone on the new file."""
+    from oasr_ops.tune import serving_regions_cli as sr
+
+    p = write_db(env.user, {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0})}})
+    rebuilt = {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, B: 5.0}), "source": "aot"}
+    real, calls = sr.publish, []
+
+    def racing_publish(*a, **kw):
+        calls.append(kw.get("based_on"))
+        if len(calls) == 1:  # writer B lands first
+            real("gemm", {SIG: rebuilt}, tier="user", arch="sm90")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sr, "publish", racing_publish)
+    out = sr.derive_file("gemm", "sm90", tier="user", floor_s=FLOOR)
+    e = json.loads(p.read_text())["entries"][SIG]
+    assert e["source"] == "aot" and e["evidence"] == rebuilt["evidence"]  # B's entry kept...
+    assert e["regions_eager"] == [[64, B], [None, "torch"]] == out[SIG]  # ...and derived from, not from the old
+    assert len(calls) == 2 and calls[0] != calls[1]  # the first write refused (the file had changed), redone
+
+    def always_racing(*a, **kw):
+        real("gemm", {SIG: {**rebuilt, "notes": [str(len(calls))]}}, tier="user", arch="sm90")
+        calls.append(1)
+        return real(*a, **kw)
+
+    write_db(env.user, {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0})}})
+    monkeypatch.setattr(sr, "publish", always_racing)
+    with pytest.raises(TimeoutError, match="changed since it was read.*3 times"):
+        sr.derive_file("gemm", "sm90", tier="user", floor_s=FLOOR, attempts=3)
+
+
 def test_cli_seeds_a_user_tier_from_the_system_one_at_another_floor(env, capsys):
     other = "gemm|op=gemm|dt=half|N=768|K=512"
     sys_entries = {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0}, m608={"torch": 6.0,

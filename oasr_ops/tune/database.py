@@ -212,6 +212,10 @@ def _remove_orphans(path: Path) -> None:
             pass
 
 
+class FileChangedError(RuntimeError):
+    """`publish(based_on=...)`: the file is not the one the entries were derived from."""
+
+
 def _move_aside(path: Path, why: str) -> Path:
     """Rename an unusable file out of the way (under the lock). Raises RuntimeError when it cannot be moved."""
     return paths.move_aside(path, why, "tuning DB", TuningDBWarning)
@@ -237,7 +241,7 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
             arch: str | None = None, fresh: bool = False, lane: str | None = None,
             configs: Mapping[str, Any] | None = None, merge_regions: bool = False,
             model: dict[str, Any] | None = None, lock_timeout: float = LOCK_TIMEOUT_S,
-            stamp: Mapping[str, Any] | None = None) -> Path:
+            stamp: Mapping[str, Any] | None = None, based_on: str | None = None) -> Path:
     """Write `entries` (signature -> entry in the file's format) into a tier's file; returns its path.
 
     Under the file's lock: re-read, keep every entry this writer does not write, replace (or, with
@@ -246,6 +250,9 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
     Does not reload: call `reload()` to serve the new content in this process.
     `stamp`: the soft validators the entries were measured under, when that was not this process (an offline
     re-partition of a GPU build's log); default: this process's.
+    `based_on`: the sha256 of the file the caller derived `entries` from ("absent": derived without one), for a
+    read-modify-write outside the lock: if the file changed meanwhile, nothing is written and `FileChangedError`
+    says so (re-read and derive again: `serving_regions_cli.derive_file` does).
     """
     from filelock import FileLock, Timeout
 
@@ -279,6 +286,8 @@ def publish(family: str, entries: Mapping[str, Mapping[str, Any]], *, tier: str 
         existing: dict[str, Any] | None = None
         mode: int | None = None
         d = read_document(path)
+        if based_on is not None and based_on != ("absent" if d.why == "absent" else d.sha256):
+            raise FileChangedError(f"{path} changed since it was read (another writer); nothing written")
         if d.why != "absent":
             why = d.why or header_problem(d.doc, family, a, lane_name)
             if why is not None:

@@ -11,17 +11,17 @@ import argparse
 import math
 from typing import Any
 
-from .database import db_path, publish
+from .database import FileChangedError, db_path, publish
 from .serving_regions import HOST_FLOOR_S, with_eager_regions
 
 __all__ = ["derive_file", "register"]
 
 
-def _read(family: str, arch: str, tier: str) -> dict[str, Any]:
-    """The tier's file for (family, arch), checked as `publish` will check it: FileNotFoundError without a
-    usable document, ValueError for a header `publish` refuses (another arch, family, lane or schema). Such a
-    file would be moved aside by `publish` and replaced by one holding only the changed entries: the others
-    lost."""
+def _read(family: str, arch: str, tier: str) -> tuple[dict[str, Any], str]:
+    """The tier's file for (family, arch) and its sha256, checked as `publish` will check it: FileNotFoundError
+    without a usable document, ValueError for a header `publish` refuses (another arch, family, lane or schema).
+    Such a file would be moved aside by `publish` and replaced by one holding only the changed entries: the
+    others lost."""
     from ..runtime.database import expected_lane
     from ..runtime.db_files import header_problem, read_document
 
@@ -33,7 +33,7 @@ def _read(family: str, arch: str, tier: str) -> dict[str, Any]:
     why = header_problem(doc.doc, family, arch, lane if lane is not None else expected_lane(arch, family))
     if why is not None:
         raise ValueError(f"{path}: not a {family} file for {arch} ({why}); nothing written")
-    return doc.doc
+    return doc.doc, doc.sha256
 
 
 def _check_regions(path: Any, sig: str, e: dict[str, Any]) -> None:
@@ -47,19 +47,36 @@ def _check_regions(path: Any, sig: str, e: dict[str, Any]) -> None:
 
 
 def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = HOST_FLOOR_S,
-                dry_run: bool = False, seed_from: str | None = None) -> dict[str, list[list[Any]] | None]:
+                dry_run: bool = False, seed_from: str | None = None,
+                attempts: int = 5) -> dict[str, list[list[Any]] | None]:
     """(Re)derive ``regions_eager`` of every entry of a tier's file from its own regions and evidence, and write the
     changed entries back (locked, atomic, under the file's own validators: `tune.database.publish`). With
     `seed_from` (a tier), that tier's entries the file lacks are copied in first (the file is created if absent; the
     validators are the seed file's, whose measurements they are). Returns {signature: new regions_eager or None} for
-    the entries written. FileNotFoundError without a file (without the seed's, with `seed_from`)."""
-    seed = _read(family, arch, seed_from) if seed_from is not None else None
+    the entries written. FileNotFoundError without a file (without the seed's, with `seed_from`).
+    The read and the write are not under one lock (`publish` takes it): the write is conditional on the file being
+    the one read (`publish(based_on=...)`), and a file changed meanwhile by another writer is read and derived
+    again, so no concurrent update is reverted. TimeoutError after `attempts` such races."""
+    for _ in range(attempts - 1):
+        try:
+            return _derive_once(family, arch, tier, floor_s, dry_run, seed_from)
+        except FileChangedError:
+            continue
     try:
-        doc = _read(family, arch, tier)
+        return _derive_once(family, arch, tier, floor_s, dry_run, seed_from)
+    except FileChangedError as e:
+        raise TimeoutError(f"{e}, {attempts} times in a row") from None
+
+
+def _derive_once(family: str, arch: str, tier: str, floor_s: float, dry_run: bool,
+                 seed_from: str | None) -> dict[str, list[list[Any]] | None]:
+    seed = _read(family, arch, seed_from)[0] if seed_from is not None else None
+    try:
+        doc, based_on = _read(family, arch, tier)
     except FileNotFoundError:
         if seed is None or db_path(family, arch, tier).exists():
             raise
-        doc = {"lane": seed.get("lane"), "validators": seed.get("validators"), "entries": {}}
+        doc, based_on = {"lane": seed.get("lane"), "validators": seed.get("validators"), "entries": {}}, "absent"
     entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
     copied = {sig: e for sig, e in ((seed or {}).get("entries") or {}).items()
               if sig not in entries and isinstance(e, dict)}
@@ -76,7 +93,7 @@ def derive_file(family: str, arch: str, tier: str = "system", floor_s: float = H
     if changed and not dry_run:
         stamp = doc.get("validators")
         publish(family, changed, tier=tier, arch=arch, lane=doc.get("lane"),
-                stamp=stamp if isinstance(stamp, dict) else None)
+                stamp=stamp if isinstance(stamp, dict) else None, based_on=based_on)
     return {sig: e.get("regions_eager") for sig, e in changed.items()}
 
 
