@@ -201,6 +201,23 @@ def test_a_concurrent_writer_between_read_and_write_is_not_reverted(env, monkeyp
         sr.derive_file("gemm", "sm90", tier="user", floor_s=FLOOR, attempts=3)
 
 
+def test_cli_names_a_tier_it_cannot_write_before_reading_it(env, capsys, monkeypatch):
+    """A read-only tier (a packaged system tier): one usage line naming the directory, exit 2, no traceback;
+    --dry-run writes nothing and still runs. (Tests may run as root, whom no chmod stops: the access check is
+    what is faked.)"""
+    import os
+
+    from oasr_ops.tune import build_cli
+
+    write_db(env.user, {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0})}})
+    real = os.access
+    monkeypatch.setattr(build_cli.os, "access", lambda p, m: False if m & os.W_OK else real(p, m))
+    assert cli_main(["tune", "serving-regions", "--arch", "sm90", "--tier", "user"]) == 2
+    err = capsys.readouterr().err
+    assert "not writable by this user" in err and str(env.user) in err and "Traceback" not in err
+    assert cli_main(["tune", "serving-regions", "--arch", "sm90", "--tier", "user", "--dry-run"]) == 0
+
+
 def test_cli_seeds_a_user_tier_from_the_system_one_at_another_floor(env, capsys):
     other = "gemm|op=gemm|dt=half|N=768|K=512"
     sys_entries = {SIG: {"regions": [[None, "torch"]], "evidence": ev(m64={"torch": 4.0, A: 5.0}, m608={"torch": 6.0,

@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,11 @@ def _check_log(path: str, family: str) -> None:
         log.warning("--from-log %s: %s record(s) of other families left out (--family %s)", path, held, family)
 
 
-def check_tier_dir(out: str, arch: str | None, opt: str = "--out") -> None:
+def check_tier_dir(out: str, arch: str | None, opt: str = "--out", write: bool = True) -> None:
     """UsageError unless the tier `out` names (user | system | a directory) can hold `<arch>/<family>.json`: a
-    path component that exists as a regular file (OASR_TUNE_USER_DB pointing at one, a typo'd --out) would be a
-    NotADirectoryError from the writer after the work is done. `opt`: the option that named the tier."""
+    path component that exists as a regular file (OASR_TUNE_USER_DB pointing at one, a typo'd --out), or with
+    `write` a nearest existing directory this user cannot write (a read-only install's system tier), would be an
+    OSError from the writer after the work is done. `opt`: the option that named the tier."""
     from ..errors import UsageError
     from ..paths import system_db_dir, user_db_dir
 
@@ -78,6 +80,8 @@ def check_tier_dir(out: str, arch: str | None, opt: str = "--out") -> None:
         p = p.parent
     if not p.is_dir():
         raise UsageError(f"{what}: {p} is not a directory")
+    if write and not os.access(p, os.W_OK | os.X_OK):  # the lock file and the atomic rename write there
+        raise UsageError(f"{what}: {p} is not writable by this user")
 
 
 def _arch_for_cli(arch: str | None) -> str:

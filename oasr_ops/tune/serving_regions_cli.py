@@ -107,14 +107,14 @@ def cmd_serving_regions(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--arch {args.arch}: {e}") from None
     # a disabled user tier, a tier path through a regular file: named before anything is read or written
-    check_tier_dir(args.tier, arch, "--tier")
+    check_tier_dir(args.tier, arch, "--tier", write=not args.dry_run)
     if args.seed_from is not None:
-        check_tier_dir(args.seed_from, arch, "--seed-from")
+        check_tier_dir(args.seed_from, arch, "--seed-from", write=False)
     try:
         if not (args.floor_us > 0 and math.isfinite(args.floor_us)):
             raise ValueError(f"--floor-us must be a positive number of microseconds, got {args.floor_us}")
         out = derive_file(args.family, arch, args.tier, args.floor_us * 1e-6, args.dry_run, args.seed_from)
-    except (FileNotFoundError, ValueError, TimeoutError) as e:
+    except (OSError, ValueError, TimeoutError) as e:  # FileNotFoundError included; an OSError of the write
         raise UsageError(str(e)) from None
     for sig, regions in out.items():
         print(f"{sig}: {'no eager regions (the regions serve)' if regions is None else regions}")
