@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,41 @@ def test_capture_merge(tmp_path, conformer_census):
     assert pts[7] == {**pts[7], "calls": 4, "must_tune": False, "eager_fraction": 1.0}
     base = c.points[FFN1][m_key]["calls"]
     assert pts[m_key]["must_tune"] and abs(pts[m_key]["eager_fraction"] - 4 / (base + 4)) < 1e-9
+
+
+def test_capture_merge_skips_records_it_cannot_read(tmp_path):
+    """The recorder's merge never fails on a damaged file: torn, non-UTF-8, or wrongly typed records are
+    dropped, the good ones summed, the file's mode kept."""
+    sig = "gemm|op=gemm|dt=half|N=64|K=32"
+    cap = tmp_path / "cap.jsonl"
+    good = {"signature": sig, "dtype": "fp16", "m": 3, "calls": 2}
+    bad = [{"signature": sig, "dtype": {}, "m": 3}, {"signature": sig, "dtype": None, "m": 4},
+           {"signature": sig, "m": 5, "calls": "x"}, {"signature": sig, "m": -1}, {"signature": "nope", "m": 1}]
+    lines = [json.dumps(good).encode()] + [json.dumps(b).encode() for b in bad] + [b"\xff\xfe{", b'{"sig']
+    cap.write_bytes(b"\n".join(lines) + b"\n")
+    cap.chmod(0o600)
+    write_counts(cap, Counter({(sig, "fp16", 3): 1, (sig, "fp16", 9): 1}))
+    assert sorted((r["m"], r["calls"]) for r in read_capture(cap)) == [(3, 3), (9, 1)]
+    assert cap.stat().st_mode & 0o777 == 0o600
+
+
+def test_capture_flush_to_an_unwritable_path_keeps_the_counts(tmp_path, monkeypatch):
+    from oasr_ops.inductor import capture
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rec = GemmRecorder()
+    key = ("gemm|op=gemm|dt=half|N=64|K=32", "fp16", 3)
+    rec.counts[key] = 2
+    monkeypatch.setattr(capture, "_installed", rec)
+    monkeypatch.setattr(capture, "_path", blocker / "cap.jsonl")
+    monkeypatch.setattr(capture, "_write_failed", [])
+    with pytest.warns(RuntimeWarning, match="cannot write the capture"):
+        capture.flush()
+    assert rec.counts[key] == 2  # kept for the next flush
+    monkeypatch.setattr(capture, "_path", tmp_path / "cap.jsonl")
+    capture.flush()
+    assert [(r["m"], r["calls"]) for r in read_capture(tmp_path / "cap.jsonl")] == [(3, 2)] and not rec.counts
 
 
 def test_capture_env_records_eager_calls(tmp_path):

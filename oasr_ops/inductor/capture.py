@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class GemmRecorder(TorchDispatchMode):
 
 _installed: GemmRecorder | None = None
 _path: Path | None = None
+_write_failed: list[str] = []  # warned once per process
 
 
 def flush() -> None:
@@ -85,7 +87,15 @@ def flush() -> None:
         counts, rec.counts = rec.counts, Counter()
         rec.configs.clear()
     if counts:
-        write_counts(path, counts)
+        try:
+            write_counts(path, counts)
+        except (OSError, TimeoutError) as e:  # an unwritable path: kept for the next flush, said once
+            with rec._lock:
+                rec.counts.update(counts)
+            if not _write_failed:
+                _write_failed.append(str(e))
+                warnings.warn(f"{ENV}={path}: cannot write the capture ({e}); the counts are kept in memory and "
+                              "written at the next flush", RuntimeWarning, stacklevel=2)
 
 
 def install_from_env() -> GemmRecorder | None:

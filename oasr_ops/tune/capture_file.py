@@ -13,17 +13,18 @@ from typing import Any
 
 
 def read_capture(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a capture file (JSON lines); malformed lines are skipped."""
+    """The records of a capture file (JSON lines) that `capture_problem` accepts; any other line (torn, not
+    UTF-8, too deep, a bad field) is skipped: the recorder's merge reads through this and must never fail."""
     out = []
     p = Path(path)
     if not p.exists():
         return out
-    for line in p.read_text().splitlines():
+    for line in p.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             r = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(r, dict) and isinstance(r.get("signature"), str) and isinstance(r.get("m"), int):
+        if capture_problem(r) is None:
             out.append(r)
     return out
 
@@ -64,8 +65,11 @@ def check_capture(path: str | os.PathLike) -> int:
 
 
 def write_counts(path: str | os.PathLike, counts: Counter) -> None:
-    """Merge `counts` into the capture file at `path` (lock, re-read, add, atomic replace)."""
+    """Merge `counts` into the capture file at `path` (lock, re-read, add, atomic replace keeping the file's mode;
+    records it cannot read are dropped, see `read_capture`)."""
     from filelock import FileLock
+
+    from ..paths import write_text_atomic
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -74,8 +78,6 @@ def write_counts(path: str | os.PathLike, counts: Counter) -> None:
         for r in read_capture(p):
             merged[(r["signature"], r.get("dtype", "half"), r["m"])] += int(r.get("calls", 1))
         merged.update(counts)
-        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            for (sig, dt, m), c in sorted(merged.items()):
-                f.write(json.dumps({"signature": sig, "dtype": dt, "m": m, "calls": c}) + "\n")
-        os.replace(tmp, p)
+        mode = p.stat().st_mode & 0o777 if p.exists() else None
+        write_text_atomic(p, "\n".join(json.dumps({"signature": sig, "dtype": dt, "m": m, "calls": c})
+                                        for (sig, dt, m), c in sorted(merged.items())), mode)
