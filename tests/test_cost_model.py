@@ -294,6 +294,23 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
     assert ap.read_cached(path) is None
 
 
+@pytest.mark.parametrize("field,value", [("sm_count", "Infinity"), ("sm_count", "-4"), ("sm_clock_mhz", "NaN"),
+                                         ("dram_bw_bytes_s", "0"), ("graph_launch_s", "-1e-6")])
+def test_a_cached_profile_out_of_range_is_reprobed_not_served(tmp_path, field, value):
+    """A cached profile is data a cost model divides by: a value out of range (int(Infinity) raised
+    OverflowError past every handler) makes it unreadable, so it is probed again."""
+    import json
+
+    path = tmp_path / "p.json"
+    d = ap.reference_profile("sm90").to_dict()
+    text = json.dumps(d).replace(f'"{field}": {json.dumps(d[field])}', f'"{field}": {value}')
+    assert text != json.dumps(d)
+    path.write_text(text)
+    assert ap.read_cached(path) is None
+    path.write_bytes(b"\xff" + json.dumps(d).encode())
+    assert ap.read_cached(path) is None
+
+
 @pytest.mark.gpu
 def test_probe_writes_cache(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")

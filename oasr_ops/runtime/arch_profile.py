@@ -15,6 +15,7 @@ Importing this module neither imports torch nor initialises CUDA.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -68,7 +69,7 @@ class ArchProfile:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "ArchProfile":
         try:
-            return ArchProfile(
+            p = ArchProfile(
                 sku=str(d["sku"]), arch_family=str(d["arch_family"]), sm_count=int(d["sm_count"]),
                 smem_per_sm_bytes=int(d["smem_per_sm_bytes"]), l2_bytes=int(d["l2_bytes"]),
                 sm_clock_mhz=float(d["sm_clock_mhz"]), dram_bw_bytes_s=float(d["dram_bw_bytes_s"]),
@@ -76,8 +77,20 @@ class ArchProfile:
                 graph_launch_s=float(d.get("graph_launch_s", 2.0e-6)),
                 eager_launch_s=float(d.get("eager_launch_s", 5.0e-6)),
                 l2_bw_bytes_s=float(d.get("l2_bw_bytes_s", 0.0)), source=str(d.get("source", "static")))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(Infinity)
             raise ValueError(f"malformed ArchProfile {str(d)[:200]!r}: {e}") from None
+        # every quantity the cost model divides by or scales with: positive and finite (a cached file is data)
+        positive = {"sm_count": p.sm_count, "smem_per_sm_bytes": p.smem_per_sm_bytes, "l2_bytes": p.l2_bytes,
+                    "sm_clock_mhz": p.sm_clock_mhz, "dram_bw_bytes_s": p.dram_bw_bytes_s,
+                    "graph_launch_s": p.graph_launch_s, "eager_launch_s": p.eager_launch_s}
+        # 0 allowed where it means "none": a dtype the GPU has no tensor-core path for, an unprobed L2 bandwidth
+        non_negative = {"l2_bw_bytes_s": p.l2_bw_bytes_s, **{f"peak_ops_s[{k}]": v for k, v in p.peak_ops_s.items()}}
+        bad = [k for k, v in positive.items() if not 0 < v < math.inf]
+        bad += [k for k, v in non_negative.items() if not 0 <= v < math.inf]
+        if bad:
+            raise ValueError(f"malformed ArchProfile {str(d)[:200]!r}: {', '.join(bad)} out of range (NaN, "
+                             "infinite or negative)")
+        return p
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -188,7 +201,7 @@ def read_cached(path: Path) -> ArchProfile | None:
         if d.get("schema") != PROFILE_SCHEMA:
             return None
         return ArchProfile.from_dict(d)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # ValueError: not UTF-8 / JSON, or malformed
         return None
 
 
