@@ -188,6 +188,16 @@ def test_refuses_a_directory_owned_by_someone_else(env, monkeypatch):
         spec.build()
 
 
+def test_a_jit_dir_that_is_a_file_is_named_without_a_chmod_hint(env, tmp_path, monkeypatch):
+    spec, fake, _jdir = env
+    f = tmp_path / "a-file"
+    f.write_text("")
+    monkeypatch.setenv("OASR_JIT_DIR", str(f))
+    with pytest.raises(UnsafeCacheError, match="is not a directory; set OASR_JIT_DIR") as ei:
+        spec.load()
+    assert "chmod" not in str(ei.value) and fake.runs == 0
+
+
 def test_a_cache_it_cannot_write_is_a_build_error(env, monkeypatch):
     """A read-only or full cache fails at the per-kernel lock file before nvcc runs: a BuildError (which the ops
     catch to fall back, build_many reports per kernel and KernelCache remembers), not a raw OSError. (As root a

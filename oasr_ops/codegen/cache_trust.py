@@ -45,9 +45,10 @@ def _check_dir(d: Path) -> None:
         st = d.stat()
     except OSError as e:
         raise UnsafeCacheError(f"cannot use JIT cache directory {d}: {e}") from None
+    if not stat.S_ISDIR(st.st_mode):  # no permission fix applies: say only that
+        raise UnsafeCacheError(f"cannot use JIT cache directory {d}: it is not a directory; set OASR_JIT_DIR to a "
+                               "directory only you can write")
     problems = []
-    if not stat.S_ISDIR(st.st_mode):
-        problems.append("it is not a directory")
     if st.st_uid != os.getuid():
         problems.append(f"it is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
     if st.st_mode & 0o022:
