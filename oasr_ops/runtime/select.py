@@ -13,7 +13,8 @@ per epoch, then the family's serving rules. A family supplies only its policy, t
   context is active, its results (tier ``autotune``, installed with `set_autotune`). Then the family fallback: for gemm the native lane's
   default id (the sentinel ``"default"`` where no lane runs), for bmm ``"torch"``, for scaled_mm* a registered
   fallback plug-in (`register_fallback`) or the ``"heuristic"`` sentinel; tier ``default`` / ``heuristic``.
-* ``OASR_GEMM_HEURISTIC=0``: every gemm shape gets the lane default, tier ``default``.
+* ``OASR_GEMM_HEURISTIC=0``: every shape of a family whose untuned policy is ``default`` (gemm, conv1d) gets the
+  lane default, tier ``default``.
 * A region naming a sentinel (``default``/``torch``/``fused``/``heuristic``) is returned as that sentinel.
 * ``arch=None`` means the current arch; with no GPU and no ``OASR_ARCH`` the answer is
   ``Selection(spec.no_arch, "default", sig)``.
