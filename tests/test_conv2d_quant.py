@@ -181,6 +181,10 @@ def test_quant_conv2d_matches_the_conv_within_int8_error_and_calibration_round_t
     assert fresh.conv[2].calibrated and torch.equal(fresh.conv[2].input_scale, layer.input_scale)
     with torch.no_grad():
         assert torch.equal(fresh(x), cal)
+    fresh.to(torch.float16)  # a dtype move keeps the int8 weight and the fp32 scales (CalibratedInput._apply)
+    assert fresh.conv[2].scales.dtype == torch.float32 and fresh.conv[2].weight_q.dtype == torch.int8
+    with torch.no_grad():
+        assert torch.equal(fresh(x), cal)
 
 
 def test_quantize_convs_option_and_bad_values():

@@ -561,6 +561,39 @@ def test_quantize_model_matches_within_int8_tolerance():
     assert text.startswith("scaled_mm: 2 quantized layer(s) over 2 signature(s):")
 
 
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+def test_dtype_moves_of_a_quantized_model_keep_its_weights_and_scales(scheme):
+    """nn.Module.to(dtype) casts every floating buffer: it turned the fp32 scales (and an e4m3 weight) into bf16,
+    and every later call failed. Now a dtype move reaches the output dtype only, fp16 / bf16; .float() keeps it
+    (one warning); calibrated scales survive; the outputs are the same bits."""
+    import warnings
+
+    from oasr_ops.families.scaled_mm import quantize as q
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256)).bfloat16().eval()
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    quantize_(m, scheme)
+    layer = m[1]
+    layer.input_scale = torch.tensor([0.02])
+    wdt, ref = layer.weight_q.dtype, m(x)
+    scales = layer.scales.clone()
+    m.to(torch.bfloat16)
+    assert torch.equal(m(x), ref) and layer.weight_q.dtype == wdt and torch.equal(layer.scales, scales)
+    m.half()
+    assert layer.out_dtype == torch.float16 and m(x.half()).dtype == torch.float16
+    assert layer.weight_q.dtype == wdt and torch.equal(layer.scales, scales)
+    q._WARNED_DTYPE.discard(type(layer))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        m.float()
+        m.double()
+    msgs = [str(w.message) for w in got if "quantized layer outputs" in str(w.message)]
+    assert len(msgs) == 1 and "keeps torch.float16" in msgs[0]
+    assert layer.out_dtype == torch.float16 and layer.weight_q.dtype == wdt and torch.equal(layer.scales, scales)
+    assert m[0].weight.dtype == torch.float64  # the rest of the model did move
+
+
 def test_quantize_half_model_and_report(tiers):
     lin = nn.Linear(256, 768).half()
     model = nn.Sequential(lin, nn.ReLU(), nn.Linear(768, 256).half(), nn.Linear(256, 768).half())

@@ -14,6 +14,7 @@ write fp16/bf16) and casts the result back to fp32. The bias is kept in that out
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -58,6 +59,9 @@ def check_input_width(x: torch.Tensor, weight_q: torch.Tensor) -> None:
 
 def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
+
+
+_WARNED_DTYPE: set[type] = set()  # layer classes warned once about an output dtype they cannot take
 
 
 class CalibratedInput(nn.Module):
@@ -137,6 +141,28 @@ class CalibratedInput(nn.Module):
                              f"{tuple(value.shape)}")
         with torch.no_grad():
             self.scales = torch.cat([self.scales[:n], value.detach().to(self.scales).reshape(1)])
+
+    def _apply(self, fn, recurse=True):
+        """`.to()` / `.cuda()` / `.half()` / `.bfloat16()` / `.float()` of a quantized model: every buffer moves with
+        the device, but a dtype change reaches only the output dtype (``bias``), and only fp16 / bf16, which the
+        kernels write. ``weight_q`` (int8 / e4m3) and ``scales`` (fp32) keep their dtypes — nn.Module's default
+        casts every floating buffer, which turned an e4m3 weight or the fp32 scales into bf16. Another output
+        dtype (``.float()``) keeps the layer's, with one warning."""
+        keep = {k: self._buffers.pop(k) for k in ("weight_q", "scales", "bias")}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for k, t in keep.items():
+                moved = fn(t)
+                if moved.dtype != t.dtype and not (k == "bias" and moved.dtype in (torch.float16, torch.bfloat16)):
+                    if k == "bias" and type(self) not in _WARNED_DTYPE:
+                        _WARNED_DTYPE.add(type(self))
+                        warnings.warn(f"{type(self).__name__}: a quantized layer outputs float16 or bfloat16; asked "
+                                      f"for {moved.dtype} (.to() / .float()), it keeps {t.dtype}", UserWarning,
+                                      stacklevel=4)
+                    moved = t.to(device=moved.device)
+                self._buffers[k] = moved
+        return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         n = self.out_features
