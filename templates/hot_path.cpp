@@ -527,6 +527,29 @@ bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && ne
 template <class T>
 bool needs_grad(const T&) { return false; }
 
+// What the placeholder gradient of argument `i` needs (its sizes and dtype), saved when the argument requires grad.
+void save_grad_meta(torch::autograd::AutogradContext* ctx, size_t i, const at::Tensor& t) {
+  if (!needs_grad(t)) return;
+  ctx->saved_data["shape" + std::to_string(i)] = c10::IValue(t.sym_sizes().vec());
+  ctx->saved_data["dtype" + std::to_string(i)] = static_cast<int64_t>(t.scalar_type());
+}
+void save_grad_meta(torch::autograd::AutogradContext* ctx, size_t i, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) save_grad_meta(ctx, i, *t);
+}
+template <class T>
+void save_grad_meta(torch::autograd::AutogradContext*, size_t, const T&) {}
+
+// The gradient of an input: `oasr::no_backward` (families/autograd.py), which raises naming the op when a backward
+// really runs and is a shaped placeholder while AOTAutograd traces one (a graph compiled with grad on).
+at::Tensor no_backward_grad(const at::Tensor& grad, const char* op, const c10::IValue& shape, int64_t dtype) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("oasr::no_backward", "")
+                                 .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::SymIntArrayRef,
+                                                   at::ScalarType)>();
+  auto sizes = shape.toSymIntVector();
+  return handle.call(grad, std::string("oasr.") + op, sizes, static_cast<at::ScalarType>(dtype));
+}
+
 // An op's outputs as the list an autograd Function returns, and back (one tensor, or layer_norm_quant's three).
 torch::autograd::variable_list as_list(at::Tensor t) { return {std::move(t)}; }
 torch::autograd::variable_list as_list(Tensor3 t) {
@@ -571,15 +594,30 @@ struct Served<kOp, Hit, std::optional<R>(Args...)> {
   }
 
   struct NoBackward : public torch::autograd::Function<NoBackward> {
-    static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, Args... args) {
+    static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, Args... args) {
+      size_t i = 0;
+      (save_grad_meta(ctx, i++, args), ...);
       at::AutoDispatchBelowADInplaceOrView guard;
       return as_list(op().call(args...));
     }
-    static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                   torch::autograd::variable_list) {
-      TORCH_CHECK(false, "oasr.", kOpNames[kOp], " has no backward (an inference kernel): run it under "
-                  "torch.no_grad() or torch.inference_mode(), or use the aten op it replaces where gradients are "
-                  "needed");
+    // Not a TORCH_CHECK: AOTAutograd traces this backward when a graph holding the op is compiled with grad on.
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+      at::Tensor g;
+      for (auto& x : grads) {
+        if (x.defined()) {
+          g = x;
+          break;
+        }
+      }
+      torch::autograd::variable_list out(sizeof...(Args));
+      for (size_t i = 0; i < out.size() && g.defined(); ++i) {
+        auto shape = ctx->saved_data.find("shape" + std::to_string(i));
+        if (shape == ctx->saved_data.end()) continue;
+        out[i] = no_backward_grad(g, kOpNames[kOp], shape->second,
+                                  ctx->saved_data["dtype" + std::to_string(i)].toInt());
+      }
+      return out;
     }
   };
 

@@ -29,6 +29,36 @@ def test_bmm_and_conv_backward_are_clear_errors():
         oasr_ops.conv1d_depthwise(x, torch.randn(8, 1, 3, dtype=BF)).sum().backward()
 
 
+@pytest.mark.parametrize("path", ["quantize_", "options"])
+def test_an_int8_graph_compiled_with_grad_on_runs_and_only_its_backward_raises(path):
+    """A forward that forgot torch.no_grad(): AOTAutograd traces the backward while compiling, which used to fail
+    the compile on the inference ops' raising backward. Now the compiled forward runs and computes what eager
+    computes; only a real .backward() raises, naming the op, as in eager."""
+    import copy
+
+    from torch import nn
+
+    from oasr_ops.inductor.backend import oasr_backend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fp = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).to(BF).eval()
+    x = torch.randn(2, 10, 64, dtype=BF)
+    q = oasr_ops.quantize_(copy.deepcopy(fp), "int8_w8a8")
+    want = q(x)  # eager, grad on: runs
+    if path == "quantize_":
+        model = torch.compile(q, backend=oasr_backend)
+    else:
+        model = torch.compile(copy.deepcopy(fp), backend=oasr_backend, options={"quantization": "int8_w8a8"})
+    got = model(x)
+    assert got.requires_grad and got.shape == want.shape
+    assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < 3e-2
+    with pytest.raises(RuntimeError, match=r"oasr\.scaled_mm\w* has no backward"):
+        got.float().sum().backward()
+    with pytest.raises(RuntimeError, match=r"oasr\.scaled_mm\w* has no backward"):
+        want.float().sum().backward()
+
+
 def test_cpu_rejects_non_contiguous_like_cuda():
     w = torch.randn(8, 16, dtype=BF)
     with pytest.raises(ValueError, match="not contiguous"):

@@ -1,7 +1,9 @@
 """The ops are inference kernels: no backward. Registering that as their autograd formula turns torch's generic
 "no autograd kernel registered" warning into one clear error, raised only if a backward actually reaches the op
-(a forward with tensors that require grad still runs; a compiled graph's backward comes from the aten graph
-before the oasr pass rewrote it, so training through `torch.compile(backend="oasr")` is unaffected).
+(a forward with tensors that require grad still runs, eager or compiled: the backward is `oasr::no_backward`, which
+raises only when it runs, so AOTAutograd can trace it when a graph holding the op is compiled with grad on; a compiled
+graph's backward otherwise comes from the aten graph before the oasr pass rewrote it, so training through
+`torch.compile(backend="oasr")` is unaffected).
 
 Why not `torch.library.register_autograd` alone: its Autograd kernel runs on every call, grad or not, and costs
 three Python frames, a dataclass and an out-variant check before the redispatch — about 2 ms per forward of an
@@ -34,12 +36,21 @@ def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]]
     directly where the module docstring allows, else redispatches below autograd."""
     name = qualname.replace("::", ".")
 
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.grad_meta = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else None
+                         for t in inputs]
+
     def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(f"{name} has no backward (an inference kernel): run it under torch.no_grad() or "
-                           "torch.inference_mode(), or use the aten op it replaces where gradients are needed")
+        # Not a raise here: AOTAutograd traces this backward when a graph with the op is compiled with grad on
+        # (a forward that forgot torch.no_grad()), and the compile would fail. `oasr::no_backward` raises when a
+        # backward really runs — eager or compiled — and is a shaped placeholder while tracing.
+        g = next(x for x in grads if x is not None)
+        return tuple(None if meta is None or not ctx.needs_input_grad[i]
+                     else torch.ops.oasr.no_backward(g, name, list(meta[0]), meta[1])
+                     for i, meta in enumerate(ctx.grad_meta))
 
     op = torch._library.utils.lookup_op(qualname)
-    with_grad = make_autograd_impl(op, Info(backward, None))  # the Function whose backward raises
+    with_grad = make_autograd_impl(op, Info(backward, setup_context))  # the Function whose backward raises
     redispatch = op._handle.redispatch_boxed
     below = _C._after_autograd_keyset
     after_view = _C._after_ADInplaceOrView_keyset
@@ -71,6 +82,18 @@ def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]]
             return redispatch(keyset & below, *args)
 
     lib.impl(qualname.split("::", 1)[1], autograd_kernel, "Autograd", with_keyset=True)
+
+
+@torch.library.custom_op("oasr::no_backward", mutates_args=())
+def no_backward(grad: torch.Tensor, op: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """The gradient of an inference op's input: an error naming the op when it runs (see `inference_only`)."""
+    raise RuntimeError(f"{op} has no backward (an inference kernel): run it under torch.no_grad() or "
+                       "torch.inference_mode(), or use the aten op it replaces where gradients are needed")
+
+
+@no_backward.register_fake
+def _no_backward_fake(grad: torch.Tensor, op: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return grad.new_empty(shape, dtype=dtype)
 
 
 # (qualname, backend key) -> (the Python kernel, the Library registering it). Each backend kernel has a Library of its

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -81,6 +82,24 @@ def _chain_users_only_lead_to(start: torch.fx.Node, allowed: set) -> bool:
     return True
 
 
+def _row_width(n: Any) -> int | None:
+    """The last dim of the rows a quantization reads, from the traced value or the view chain's explicit sizes;
+    None where neither says (the quantize pass's own reshapes to [-1, K] keep the width they were given)."""
+    while isinstance(n, torch.fx.Node):
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.Tensor):
+            return int(v.shape[-1])
+        if n.op == "call_method" and n.target in ("reshape", "view") and len(n.args) > 1:
+            last = n.args[-1] if len(n.args) > 2 or not isinstance(n.args[1], (tuple, list)) else n.args[1][-1]
+            if isinstance(last, int) and last != -1:
+                return last
+        if not (n.op == "call_method" and n.target == "contiguous") and not (
+                n.op == "call_function" and n.target is restore_rows):
+            return None
+        n = n.args[0]
+    return None
+
+
 def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: FuseReport) -> None:
     g = gm.graph
     by_ln: dict[torch.fx.Node, list[torch.fx.Node]] = {}
@@ -99,6 +118,12 @@ def _fuse_layer_norms(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep
         width = int(k.shape[-1]) if isinstance(k, torch.Tensor) else None
         if width is None:
             rep.unfused.append(f"{ln.name}: LayerNorm without a known width")
+            continue
+        # a reshape between the LayerNorm and a quantization that changes the row width (e.g. [B, T, C] ->
+        # [B, T/2, 2C]) regroups the rows: the LayerNorm's per-row scales would not be the quantization's
+        if any(_row_width(q.args[0]) not in (None, width) for q in qs):
+            rep.unfused.append(f"{ln.name}: a quantization of its output reads rows of another width than its "
+                               f"{width}")
             continue
         others = not _chain_users_only_lead_to(ln, set(qs))
         with g.inserting_before(ln):
