@@ -25,6 +25,8 @@ set -euo pipefail
 STEPS=(
     "prebuild-all|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --all --jobs 16 --quiet"
     "gpu-suite|python3 -m pytest -m gpu -q -p no:cacheprovider tests"
+    # the GPU suite in parts that fit one device call: GPU_FILES="tests/test_a_gpu.py tests/test_b_gpu.py"
+    "gpu-files|python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \${GPU_FILES:?set GPU_FILES to the test files}"
     "quickstart|python3 examples/quickstart.py"
     "main|python3 examples/compile_conformer.py"
     "gemm-bench|python3 benchmarks/gemm_configs.py --rounds 3 --out \$OUT/gemm_configs.json && python3 benchmarks/gemm_configs.py --report \$OUT/gemm_configs.json"
