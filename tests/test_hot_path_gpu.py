@@ -170,6 +170,35 @@ def test_grad_mode_forward_runs_backward_raises(hot):
         y.sum().backward()
 
 
+def test_int8_graph_compiled_with_grad_on_runs_under_the_hot_path():
+    """A quantized model compiled without torch.no_grad() and without CUDA graphs (so the backend switches the C++
+    hot path on, whose Autograd kernels serve the int8 ops): AOTAutograd traces the C++ NoBackward's backward while
+    compiling — it must compile and run, and only a real backward raises, naming the op."""
+    import copy
+
+    import oasr_ops
+    from oasr_ops.families import hot_path
+    from oasr_ops.inductor.backend import oasr_backend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fp = torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                             torch.nn.Linear(1024, 256)).cuda().half().eval()
+    q = oasr_ops.quantize_(copy.deepcopy(fp), "int8_w8a8")
+    x = torch.randn(4, 50, 256, device="cuda", dtype=torch.float16)
+    try:
+        with torch.no_grad():
+            want = q(x)
+        got = torch.compile(q, backend=oasr_backend)(x)
+        assert hot_path.enabled() == "CUDA" and got.requires_grad
+        assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < 2e-2
+        with pytest.raises(RuntimeError, match="has no backward"):
+            got.float().sum().backward()
+    finally:
+        hot_path.disable()
+        torch._dynamo.reset()
+
+
 def test_backend_switches_it_on_without_cuda_graphs():
     """backend="oasr" without CUDA graphs serves its gemm sites from the C++ table; with CUDA graphs it does not
     switch anything on. Outputs match the eager model."""
