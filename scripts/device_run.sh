@@ -169,6 +169,7 @@ STEPS=(
     "item-origin-nograd|python3 benchmarks/item_origin.py --size M --batch 1 --frames 394 --also-frames 1201 --backends eager,inductor --grad-mode no_grad --cuda-activity --out \$OUT/item_origin_nograd.json"
     "item-origin-dynamic|python3 benchmarks/item_origin.py --size M --batch 1 --frames 394 --backends inductor --grad-mode no_grad --dynamic --out \$OUT/item_origin_dynamic.json"
     "item-origin-guards|TORCH_LOGS=guards python3 benchmarks/item_origin.py --size M --batch 1 --frames 394 --backends inductor --grad-mode no_grad --dynamic --out \$OUT/item_origin_guards.json > \$OUT/guards.txt 2>&1; grep -c . \$OUT/guards.txt; grep -i -m 20 'item\\|float\\|L\\[.self' \$OUT/guards.txt | cut -c1-300; python3 benchmarks/item_origin.py --size M --batch 1 --frames 394 --backends inductor --grad-mode no_grad --dynamic --dynamo-config specialize_float=True --out \$OUT/item_origin_specialize_float.json"
+    "specialize-float|OASR_JIT_BUILD=off OASR_TUNE_USER_DB=off python3 benchmarks/specialize_float_host.py --backends inductor,oasr --out \$OUT/specialize_float_host.json"
     "item-origin-dyn|python3 benchmarks/item_origin.py --size M --batch 1 --frames 394 --also-frames 1201 --backends inductor --out \$OUT/item_origin_dyn.json"
     "e2e-whisper-int8|OASR_TUNE_USER_DB=off python3 benchmarks/e2e_int8_fused.py --model examples.whisper:build_model --model-args size=small --inputs examples.whisper:example_inputs --input-args batch=8 --rounds 3 --iters 20 --out \$OUT/e2e_int8_fused_whisper_small.json"
 )
