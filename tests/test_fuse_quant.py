@@ -182,6 +182,33 @@ def test_fusable_layers_leave_out_the_projection_after_no_norm():
     assert len(_calls(graph, OPS.scaled_mm_act_quant)) == 1
 
 
+def test_calibrating_a_compiled_model_calibrates_the_module_it_wraps():
+    """calibrate(torch.compile(m), ...) ran the compiled graph, which runs no hooks: it stored nothing and returned
+    {}. It calibrates the wrapped module (eagerly) now."""
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    q = oasr_ops.quantize_(Block().half().eval(), "int8_w8a8")
+    compiled = torch.compile(q, backend=oasr_backend)
+    scales = oasr_ops.calibrate(compiled, [x])
+    assert set(scales) == {"fc1", "fc2"} and q.fc1.calibrated
+
+
+def test_recalibrating_a_plain_model_after_compiling_it_says_the_graph_keeps_the_old_scales():
+    """options={"quantization": ...} bakes a plain layer's calibrated scale into the graph it compiles; calibrating
+    again changes what the next compile bakes, not that graph: one warning says so (it was silent)."""
+    import warnings
+
+    model = Block().half().eval()
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    oasr_ops.calibrate(model, [x * 0.01])
+    _out, _graph = _compile(model, x, quantization="int8_w8a8", fuse_quantization="act")
+    with pytest.warns(UserWarning, match="compiled with their previous scales.*compile again"):
+        oasr_ops.calibrate(model, [x])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        oasr_ops.calibrate(Block().half().eval(), [x])  # never compiled: silent
+        oasr_ops.calibrate(model, [x])  # the same amax again: nothing stale, silent
+
+
 def test_calibration_round_trips_through_the_state_dict():
     model = Block().half().eval()
     x = torch.randn(2, 5, 64, dtype=torch.float16)

@@ -125,7 +125,7 @@ def fusable_linears(gm: torch.fx.GraphModule, value_of: dict | None = None,
             chosen.append(n)
         elif _activation(src) and through_views(src.args[0]) in chosen:
             w = value_of.get(n.args[1])
-            if not require_calibration or (w is not None and calibrated_scale(w) is not None):
+            if not require_calibration or (w is not None and calibrated_scale(w, baked=False) is not None):
                 chosen.append(n)
     return chosen
 

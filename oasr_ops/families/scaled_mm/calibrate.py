@@ -31,6 +31,7 @@ from .quantize import CalibratedInput, qualifies
 
 # id(weight) -> (weak reference to it, amax); by identity (a WeakKeyDictionary would compare tensors with ==)
 _BY_WEIGHT: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+_READ: set[int] = set()  # ids of weights whose scale a compile pass has read (baked into a graph)
 QMAX = 127.0  # int8
 # The largest quantized value of each scheme's activations: a plain layer's scale is its amax over this.
 QMAX_OF = {"int8_w8a8": 127.0, "fp8_w8a8": 448.0}
@@ -41,18 +42,31 @@ def scale_of(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return (amax.clamp_min(1e-12) / qmax).reshape(1).to(torch.float32)
 
 
-def calibrated_scale(weight: Any, qmax: float = QMAX) -> torch.Tensor | None:
+def calibrated_scale(weight: Any, qmax: float = QMAX, *, baked: bool = True) -> torch.Tensor | None:
     """The calibrated input scale (amax / `qmax`: 127 int8, 448 e4m3) of the plain `nn.Linear` owning `weight`,
-    or None."""
+    or None. `baked`: the caller puts the value into a graph (so a later `calibrate` warns that graph keeps it);
+    False for a mere "is it calibrated" question."""
     entry = _BY_WEIGHT.get(id(weight))
     if entry is None or entry[0]() is not weight:
         return None
+    if baked:
+        _READ.add(id(weight))
     return scale_of(entry[1], qmax)
 
 
-def _remember(weight: nn.Parameter, amax: torch.Tensor) -> None:
+def _remember(weight: nn.Parameter, amax: torch.Tensor) -> bool:
+    """Store `weight`'s layer's input amax; True when a compiled graph had read a different one (it keeps that)."""
     key = id(weight)
-    _BY_WEIGHT[key] = (weakref.ref(weight, lambda _r, _k=key: _BY_WEIGHT.pop(_k, None)), amax)
+    old = _BY_WEIGHT.get(key)
+    stale = (key in _READ and old is not None and old[0]() is weight
+             and not torch.equal(old[1].cpu(), amax.detach().cpu()))
+
+    def forget(_r: Any, _k: int = key) -> None:
+        _BY_WEIGHT.pop(_k, None)
+        _READ.discard(_k)
+
+    _BY_WEIGHT[key] = (weakref.ref(weight, forget), amax)
+    return stale
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -76,9 +90,16 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
     ``"fp8_w8a8"``) only sets the scales *returned* for a plain model's layers (what it stores is the amax,
     which both schemes read); a quantized layer's scale is its own scheme's. ValueError when no batch was given,
     for an unknown scheme, or when a layer's inputs held NaN or inf (nothing is stored then); a layer whose inputs
-    were all zeros stays dynamic, with one warning naming it."""
+    were all zeros stays dynamic, with one warning naming it. A `torch.compile`d model is calibrated through the
+    module it wraps (run eagerly: a compiled graph runs no hooks). A plain layer whose previous scale a compiled
+    graph already holds (``options={"quantization": ...}`` bakes it) gets the new one, with one warning that those
+    graphs keep the old one until compiled again."""
     if scheme not in QMAX_OF:
         raise ValueError(f"calibrate: scheme must be one of {', '.join(QMAX_OF)}, got {scheme!r}")
+    # a torch.compile'd model: its graph never runs the layers' hooks, so calibrate the module it wraps (eagerly)
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    model = model._orig_mod if isinstance(model, OptimizedModule) else model
     amax: dict[str, torch.Tensor] = {}
     hooks = []
     chosen = [(n, m) for n, m in _layers(model) if filter_fn is None or filter_fn(m, n)]
@@ -130,6 +151,7 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
         for n in zero:
             del amax[n]
     out: dict[str, float] = {}
+    recompiled: list[str] = []
     for name, layer in chosen:
         if name not in amax:
             continue  # not reached by these batches (or all zeros): left dynamic
@@ -138,6 +160,12 @@ def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mo
             layer.input_scale = scale.to(layer.weight_q.device)
         else:
             scale = scale_of(amax[name], QMAX_OF[scheme])
-            _remember(layer.weight, amax[name].to(layer.weight.device))
+            if _remember(layer.weight, amax[name].to(layer.weight.device)):
+                recompiled.append(name)
         out[name] = float(scale)
+    if recompiled:  # options={"quantization": ...} bakes a plain layer's scale into the graph it compiles
+        warnings.warn(f"calibrate: {len(recompiled)} layer(s) ({', '.join(recompiled[:4])}"
+                      f"{', ...' if len(recompiled) > 4 else ''}) had been compiled with their previous scales, which "
+                      "those compiled graphs keep: compile again (a new torch.compile, or torch._dynamo.reset()) to "
+                      "serve the new ones", stacklevel=2)
     return out
