@@ -107,3 +107,15 @@ def test_backend_quantization_option_matches_quantize_(db_env):
     assert all(s.config != "auto" for s in sites)
     with pytest.raises(Exception, match="quantization"):
         torch.compile(Two().to(torch.bfloat16), backend=oasr_backend, options={"quantization": "int4"})(x)
+
+
+def test_in_graph_quantization_of_a_float32_model_says_it_did_nothing(db_env, monkeypatch):
+    """options={"quantization": ...} on a float32 model: the rewrite quantizes fp16 / bf16 layers only, and used to
+    leave this model unquantized without a word; one warning now says so and what to do."""
+    from oasr_ops.inductor import quantize_pass
+
+    monkeypatch.setattr(quantize_pass, "_WARNED", set())
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.warns(UserWarning, match="2 Linear layer.*float32 weights left unquantized"):
+        torch.compile(Two().eval(), backend=oasr_backend, options={"quantization": "int8_w8a8"})(
+            torch.randn(2, 10, 64))

@@ -23,6 +23,7 @@ call — one fused memory-bound kernel per layer reading the fp16 weight, which 
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import fusable_linears, graph_values, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
+_WARNED: set[str] = set()  # once per process
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     if fusable_only:
         wanted = set(fusable_linears(gm, value_of))
     done = _quantize_convs(gm, value_of, fusable_only) if getattr(cfg, "convs", False) else 0
+    fp32 = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
             continue
@@ -163,6 +166,8 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         x, w = node.args[0], node.args[1]
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         wv = value_of.get(w)
+        if isinstance(wv, torch.nn.Parameter) and wv.dim() == 2 and wv.dtype == torch.float32:
+            fp32 += 1
         if not isinstance(wv, torch.nn.Parameter) or wv.dim() != 2 or wv.dtype not in (torch.float16,
                                                                                        torch.bfloat16):
             continue
@@ -175,6 +180,11 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         done += 1
+    if fp32 and not done and "fp32" not in _WARNED:  # a silent no-op otherwise: the model runs unquantized
+        _WARNED.add("fp32")
+        warnings.warn(f"options['quantization']: {fp32} Linear layer(s) with float32 weights left unquantized (the "
+                      "in-graph rewrite quantizes fp16 / bf16 models: compile model.half() or .bfloat16(), or "
+                      "quantize_() the model first, which takes float32 layers too)", UserWarning, stacklevel=2)
     if done:
         gm.graph.lint()
         gm.recompile()
