@@ -44,8 +44,8 @@ def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]]
         # Not a raise here: AOTAutograd traces this backward when a graph with the op is compiled with grad on
         # (a forward that forgot torch.no_grad()), and the compile would fail. `oasr::no_backward` raises when a
         # backward really runs — eager or compiled — and is a shaped placeholder while tracing.
-        g = next(x for x in grads if x is not None)
-        return tuple(None if meta is None or not ctx.needs_input_grad[i]
+        g = next((x for x in grads if x is not None), None)
+        return tuple(None if g is None or meta is None or not ctx.needs_input_grad[i]
                      else torch.ops.oasr.no_backward(g, name, list(meta[0]), meta[1])
                      for i, meta in enumerate(ctx.grad_meta))
 
