@@ -119,3 +119,17 @@ def test_in_graph_quantization_of_a_float32_model_says_it_did_nothing(db_env, mo
     with torch.no_grad(), pytest.warns(UserWarning, match="2 Linear layer.*float32 weights left unquantized"):
         torch.compile(Two().eval(), backend=oasr_backend, options={"quantization": "int8_w8a8"})(
             torch.randn(2, 10, 64))
+
+
+def test_in_graph_quantization_under_autocast_keeps_the_linear_output_dtype(db_env):
+    """A bf16 model called with an fp32 input under autocast: each Linear returns bf16, and so must its in-graph
+    int8 replacement (it returned the input's fp32)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).to(torch.bfloat16).eval()
+    x = torch.randn(4, 64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = m(x)
+        got = torch.compile(m, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < 3e-2

@@ -176,6 +176,12 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
             continue
         with gm.graph.inserting_before(node):
             new = _emit_quantized_linear(gm, ops, x, w, b, cfg.kernel, wv, calibrated_scale(wv, ops.qmax))
+            # restore_rows gives x's dtype; under autocast a bf16 layer takes an fp32 x and returns bf16: keep the
+            # dtype the replaced linear returned (only then, so the fusion passes see their usual pattern)
+            want, xv = node.meta.get("example_value"), x.meta.get("example_value") if isinstance(x, torch.fx.Node) \
+                else None
+            if isinstance(want, torch.Tensor) and isinstance(xv, torch.Tensor) and want.dtype != xv.dtype:
+                new = gm.graph.call_method("to", (new, want.dtype))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
