@@ -171,7 +171,7 @@ def test_capture_flush_to_an_unwritable_path_keeps_the_counts(tmp_path, monkeypa
     rec.counts[key] = 2
     monkeypatch.setattr(capture, "_installed", rec)
     monkeypatch.setattr(capture, "_path", blocker / "cap.jsonl")
-    monkeypatch.setattr(capture, "_write_failed", [])
+    monkeypatch.setattr(capture, "_WARN", capture.WarnOnce())
     with pytest.warns(RuntimeWarning, match="cannot write the capture"):
         capture.flush()
     assert rec.counts[key] == 2  # kept for the next flush

@@ -114,7 +114,7 @@ def test_in_graph_quantization_of_a_float32_model_says_it_did_nothing(db_env, mo
     leave this model unquantized without a word; one warning now says so and what to do."""
     from oasr_ops.inductor import quantize_pass
 
-    monkeypatch.setattr(quantize_pass, "_WARNED", set())
+    monkeypatch.setattr(quantize_pass, "_WARN", quantize_pass.WarnOnce())
     torch._dynamo.reset()
     with torch.no_grad(), pytest.warns(UserWarning, match="2 Linear layer.*float32 weights left unquantized"):
         torch.compile(Two().eval(), backend=oasr_backend, options={"quantization": "int8_w8a8"})(

@@ -84,16 +84,18 @@ def inference_only(qualname: str, lib: Any, impls: dict[str, Callable[..., Any]]
     lib.impl(qualname.split("::", 1)[1], autograd_kernel, "Autograd", with_keyset=True)
 
 
-@torch.library.custom_op("oasr::no_backward", mutates_args=())
-def no_backward(grad: torch.Tensor, op: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+def _no_backward(grad: torch.Tensor, op: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
     """The gradient of an inference op's input: an error naming the op when it runs (see `inference_only`)."""
     raise RuntimeError(f"{op} has no backward (an inference kernel): run it under torch.no_grad() or "
                        "torch.inference_mode(), or use the aten op it replaces where gradients are needed")
 
 
-@no_backward.register_fake
-def _no_backward_fake(grad: torch.Tensor, op: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    return grad.new_empty(shape, dtype=dtype)
+# Defined like every oasr op (a Library, not the custom_op decorator: DESIGN decision 2); one kernel for all backends.
+_LIB = torch.library.Library("oasr", "FRAGMENT")
+_LIB.define("no_backward(Tensor grad, str op, SymInt[] shape, ScalarType dtype) -> Tensor")
+_LIB.impl("no_backward", _no_backward, "CompositeExplicitAutograd")
+torch.library.register_fake("oasr::no_backward", lambda grad, op, shape, dtype: grad.new_empty(shape, dtype=dtype),
+                            lib=_LIB)
 
 
 # (qualname, backend key) -> (the Python kernel, the Library registering it). Each backend kernel has a Library of its

@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..runtime.plans import WarnOnce
 from ..tune.capture_file import read_capture, write_counts  # noqa: F401  (the file format; re-exported)
 
 ENV = "OASR_CAPTURE_GEMM"
@@ -75,7 +75,7 @@ class GemmRecorder(TorchDispatchMode):
 
 _installed: GemmRecorder | None = None
 _path: Path | None = None
-_write_failed: list[str] = []  # warned once per process
+_WARN = WarnOnce()
 
 
 def flush() -> None:
@@ -92,10 +92,8 @@ def flush() -> None:
         except (OSError, TimeoutError) as e:  # an unwritable path: kept for the next flush, said once
             with rec._lock:
                 rec.counts.update(counts)
-            if not _write_failed:
-                _write_failed.append(str(e))
-                warnings.warn(f"{ENV}={path}: cannot write the capture ({e}); the counts are kept in memory and "
-                              "written at the next flush", RuntimeWarning, stacklevel=2)
+            _WARN("write", f"{ENV}={path}: cannot write the capture ({e}); the counts are kept in memory and "
+                  "written at the next flush", RuntimeWarning)
 
 
 def install_from_env() -> GemmRecorder | None:

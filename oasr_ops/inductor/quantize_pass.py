@@ -23,7 +23,6 @@ call — one fused memory-bound kernel per layer reading the fp16 weight, which 
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,11 +35,12 @@ from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from ..families.scaled_mm.quantize import quantize_weight
 from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
+from ..runtime.plans import WarnOnce
 from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import fusable_linears, graph_values, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
-_WARNED: set[str] = set()  # once per process
+_WARN = WarnOnce()
 
 
 @dataclass(frozen=True)
@@ -186,11 +186,10 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         done += 1
-    if fp32 and not done and "fp32" not in _WARNED:  # a silent no-op otherwise: the model runs unquantized
-        _WARNED.add("fp32")
-        warnings.warn(f"options['quantization']: {fp32} Linear layer(s) with float32 weights left unquantized (the "
-                      "in-graph rewrite quantizes fp16 / bf16 models: compile model.half() or .bfloat16(), or "
-                      "quantize_() the model first, which takes float32 layers too)", UserWarning, stacklevel=2)
+    if fp32 and not done:  # a silent no-op otherwise: the model runs unquantized
+        _WARN("fp32", f"options['quantization']: {fp32} Linear layer(s) with float32 weights left unquantized (the "
+              "in-graph rewrite quantizes fp16 / bf16 models: compile model.half() or .bfloat16(), or quantize_() "
+              "the model first, which takes float32 layers too)")
     if done:
         gm.graph.lint()
         gm.recompile()

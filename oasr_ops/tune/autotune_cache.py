@@ -170,13 +170,6 @@ def current_env() -> dict[str, Any]:
     return env
 
 
-def _read(path: Path) -> tuple[Any, str | None, int | None]:
-    """(document, None, mode) or (None, why, mode); why is "absent" for a missing file. The tuning DB's reader:
-    size-capped, never raises (not UTF-8, too deep, not JSON: a why)."""
-    d = read_document(path)
-    return (d.doc if d.why is None else None), d.why, d.mode
-
-
 def _hard_problem(doc: Any, arch: str) -> str | None:
     if not isinstance(doc, dict):
         return "not a JSON object"
@@ -222,7 +215,8 @@ class ResultCache:
         """Add the results of `path` (any version); returns how many. A missing file is an empty cache; a file
         of another arch or an unknown version is not loaded (one warning); environment differences warn."""
         path = Path(path)
-        doc, why, _mode = _read(path)
+        d = read_document(path)  # the tuning DB's reader: size-capped, never raises (a why instead)
+        doc, why = d.doc, d.why
         if why == "absent":
             return 0
         why = why or _hard_problem(doc, self.arch)
@@ -266,7 +260,8 @@ class ResultCache:
         except Timeout:
             raise TimeoutError(f"oasr.autotune: could not lock {path} within {lock_timeout}s") from None
         try:
-            doc, why, mode = _read(path)
+            d = read_document(path)
+            doc, why, mode = d.doc, d.why, d.mode
             merged: dict[Key, list[Result]] = {}
             if why is None:
                 problem = _hard_problem(doc, self.arch)

@@ -14,11 +14,12 @@ write fp16/bf16) and casts the result back to fp32. The bias is kept in that out
 """
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 import torch
 from torch import nn
+
+from ...runtime.plans import WarnOnce
 
 SCHEME = "int8_w8a8"
 SCHEMES = (SCHEME,)
@@ -61,7 +62,7 @@ def qualifies(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 8 == 0 and linear.in_features > 0
 
 
-_WARNED_DTYPE: set[type] = set()  # layer classes warned once about an output dtype they cannot take
+_WARN_DTYPE = WarnOnce()  # once per layer class: an output dtype it cannot take
 
 
 class CalibratedInput(nn.Module):
@@ -155,11 +156,9 @@ class CalibratedInput(nn.Module):
             for k, t in keep.items():
                 moved = fn(t)
                 if moved.dtype != t.dtype and not (k == "bias" and moved.dtype in (torch.float16, torch.bfloat16)):
-                    if k == "bias" and type(self) not in _WARNED_DTYPE:
-                        _WARNED_DTYPE.add(type(self))
-                        warnings.warn(f"{type(self).__name__}: a quantized layer outputs float16 or bfloat16; asked "
-                                      f"for {moved.dtype} (.to() / .float()), it keeps {t.dtype}", UserWarning,
-                                      stacklevel=4)
+                    if k == "bias":
+                        _WARN_DTYPE(type(self), f"{type(self).__name__}: a quantized layer outputs float16 or "
+                                    f"bfloat16; asked for {moved.dtype} (.to() / .float()), it keeps {t.dtype}")
                     moved = t.to(device=moved.device)
                 self._buffers[k] = moved
         return self
