@@ -15,7 +15,7 @@ from .families.conv2d_activation.ops_quant import conv2d_activation_quant  # noq
 from .families.scaled_mm.ops import quantize_per_token, scaled_mm, scaled_mm_quant  # noqa: F401,E402
 from .families.scaled_mm.act_quant import scaled_mm_act_quant  # noqa: F401,E402
 from .families.scaled_mm.residual import scaled_mm_residual  # noqa: F401,E402
-from .families.scaled_mm.calibrate import calibrate  # noqa: F401,E402
+from .families.scaled_mm.calibrate import RangeCheck, calibrate, check_calibration  # noqa: F401,E402
 from .families.layer_norm_quant.ops import layer_norm_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.ops import quantize_fp8, scaled_mm_fp8, scaled_mm_fp8_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.act_quant import scaled_mm_fp8_act_quant  # noqa: F401,E402

@@ -287,3 +287,54 @@ def test_fused_block_compiled_with_cuda_graphs():
 
     rep = fuse_log()[-1]
     assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (1, 1, [])
+
+
+class _FFN(nn.Module):
+    """fc1 -> GELU -> fc2 + residual, no LayerNorm: fc2's input range follows the input's."""
+
+    def __init__(self, d=512) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+def test_a_too_narrow_calibration_clips_in_the_kernel_and_check_calibration_flags_it():
+    """fc1's act-quant epilogue quantizes with fc2's static scale: calibrated on inputs 50x smaller than the
+    traffic, the compiled (real kernel) output departs from the fp32 model, and check_calibration names the layers;
+    calibrated with the traffic in the batches, it follows the model within int8 error and the check is quiet."""
+    import warnings
+
+    from oasr_ops.inductor.backend import oasr_backend
+
+    torch.manual_seed(0)
+    ref = _FFN().to(DEV).eval()
+    x = 4 * torch.randn(8, 250, 512, device=DEV)
+    with torch.no_grad():
+        want = ref(x) - x  # the FFN's own output, without the residual that would hide its error
+    q = oasr_ops.quantize_(copy.deepcopy(ref).half(), oasr_ops.Int8W8A8Config(kernel=SMM_LANE.default.id))
+
+    def run() -> float:
+        torch.compiler.reset()
+        fn = torch.compile(q, backend=oasr_backend, options={"fuse_quantization": "act"})
+        with torch.no_grad():
+            out = fn(x.half()).float() - x
+        torch.cuda.synchronize()
+        from oasr_ops.inductor.fuse_quant import fuse_log
+
+        assert fuse_log()[-1].act_quant == 1
+        return float((out - want).norm() / want.norm())
+
+    oasr_ops.calibrate(q, [x.half() * 0.02])
+    bad = run()
+    with pytest.warns(UserWarning, match=r"\(fc1, fc2\) exceeded their calibrated range"):
+        report = oasr_ops.check_calibration(q, [x.half()])
+    assert report["fc2"].overshoot > 5 and report["fc2"].clipped_fraction > 0
+    oasr_ops.calibrate(q, [x.half() * 0.02, x.half()])
+    good = run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        oasr_ops.check_calibration(q, [x.half()])
+    print(f"output error vs fp32: calibration 50x too small {bad:.3g}, recalibrated {good:.3g}")
+    assert good < 2e-2 < 0.2 < bad, (good, bad)

@@ -84,6 +84,11 @@ class QuantConv2d(CalibratedInput):
         out_dtype = dt if dt in (torch.float16, torch.bfloat16) else torch.float16
         return cls(wq.contiguous(), sw, conv.bias, out_dtype, tuple(conv.stride), tuple(conv.padding))
 
+    @staticmethod
+    def _weight_layout(w: torch.Tensor) -> torch.Tensor:
+        """KRSC [Cout, KH, KW, Cin] -> nn.Conv2d's [Cout, Cin, KH, KW]."""
+        return w.permute(0, 3, 1, 2).contiguous()
+
     @property
     def in_features(self) -> int:  # CalibratedInput's name; for a conv the input channels
         return self.weight_q.shape[3]

@@ -14,7 +14,7 @@ write fp16/bf16) and casts the result back to fp32. The bias is kept in that out
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -117,6 +117,25 @@ class CalibratedInput(nn.Module):
     @property
     def out_dtype(self) -> torch.dtype:
         return self.bias.dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (``weight_q`` x per-channel ``scale_w``, in the output dtype, the replaced layer's
+        shape): a fresh read-only copy, so code that reads ``layer.weight`` (its shape, dtype, device, values) keeps
+        working. It is not what the layer computes with: changing it changes nothing, and assigning it raises."""
+        n = self.out_features
+        w = self.weight_q.float() * self.scale_w.reshape(n, *([1] * (self.weight_q.dim() - 1)))
+        return self._weight_layout(w).to(self.out_dtype)
+
+    @weight.setter
+    def weight(self, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__}.weight is a dequantized copy of weight_q, not a parameter: "
+                             "quantize the new weights instead (quantize_ on a float layer holding them)")
+
+    @staticmethod
+    def _weight_layout(w: torch.Tensor) -> torch.Tensor:
+        """weight_q's layout -> the replaced layer's weight layout (a linear's is the same)."""
+        return w
 
     @property
     def calibrated(self) -> bool:
