@@ -550,3 +550,19 @@ def test_rel_pos_conformer_with_grad_two_layers(compile_env):
     if sorted(spy.bmm_configs) != sorted([CFG, AV_CFG] * 2):
         pytest.fail(f"the forward graph does not hold the four oasr.bmm nodes: {spy.bmm_configs}")
     _close(out.detach(), ref.detach())
+
+
+def test_an_empty_attention_stays_on_aten(compile_env):
+    """T = 0 (an empty utterance) gave score bmms with N = 0 or K = 0, which passed the alignment check (0 % 8 ==
+    0) and failed the compile when the signature was built. Such sites stay on aten, as an empty batch does."""
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    q = torch.randn(2, 4, 0, 16, dtype=torch.float16)
+    with torch.no_grad():
+        out = torch.compile(Attn(), backend=oasr_backend)(q, q, q)
+    assert out.shape == (2, 4, 0, 16)
+    sites, skipped = _bmm_sites()
+    assert sites == [] and skipped and all("empty" in why for _, why in skipped)

@@ -115,7 +115,13 @@ def test_a_quantized_linear_reads_back_a_dequantized_weight(scheme):
     torch.manual_seed(0)
     lin = nn.Linear(64, 32).to(torch.bfloat16)
     layer = oasr_ops.quantize_(nn.Sequential(copy.deepcopy(lin)), scheme)[0]
-    w = layer.weight
+    from oasr_ops.families.scaled_mm import quantize as q
+
+    q._WARN_WEIGHT.clear()
+    with pytest.warns(UserWarning, match=r"\.weight is a 16-bit copy dequantized on each read") as got:
+        w = layer.weight
+        layer.weight  # noqa: B018 - a second read: no second warning
+    assert len([m for m in got if "dequantized on each read" in str(m.message)]) == 1
     assert w.shape == lin.weight.shape and w.dtype == torch.bfloat16 and not w.requires_grad
     # int8: within half a step of its channel's scale; e4m3: 3 mantissa bits (relative 2^-4, and subnormals'
     # absolute step); both plus the rounding of the result to bf16 (relative 2^-8)
@@ -135,7 +141,9 @@ def test_a_quantized_conv_reads_back_its_weight_in_conv2d_layout():
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 8, (3, 5), padding=1).half()
     layer = oasr_ops.quantize_(nn.Sequential(copy.deepcopy(conv)), "int8_w8a8")[0]
-    w = layer.weight
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the read's one warning (tested above)
+        w = layer.weight
     assert w.shape == conv.weight.shape == (8, 16, 3, 5) and w.dtype == torch.float16
     err = (w.float() - conv.weight.float()).abs()
     assert bool((err <= layer.scale_w[:, None, None, None] * 0.5 * 1.01 + 2 ** -10 * conv.weight.float().abs()).all())

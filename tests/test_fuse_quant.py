@@ -424,3 +424,27 @@ def test_a_compiled_graph_reads_its_calibrated_out_scale_on_the_first_call_only(
         q.fc2.scales[-1] = 0.0
         with pytest.raises(ValueError, match="out_scale must be finite and > 0"):
             out_scale.check_out_scale(q.fc2.scales[-1:])
+
+
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+def test_a_linear_called_with_keywords_is_quantized_and_fused(scheme):
+    """Dynamo keeps the keywords of F.linear(x, weight=w, bias=b); the passes read the operands by position and
+    raised IndexError. Such a call is quantized (and fused) like a positional one."""
+
+    class KwBlock(Block):
+        def forward(self, x):
+            h = nn.functional.linear(input=self.ln(x), weight=self.fc1.weight, bias=self.fc1.bias)
+            return x + self.fc2(self.act(h))  # a module call: calibrate's hook sees fc2's input
+
+    torch.manual_seed(0)
+    model = KwBlock().half().eval()
+    x = torch.randn(2, 5, 64, dtype=torch.float16)
+    oasr_ops.calibrate(model, [x], scheme=scheme)
+    with torch.no_grad():
+        want = model(x)
+    out, graph = _compile(model, x, quantization=scheme)
+    assert _calls(graph, OPS.layer_norm_quant)
+    assert _calls(graph, OPS.scaled_mm_act_quant if scheme == "int8_w8a8" else OPS.scaled_mm_fp8_act_quant)
+    tol = 0.03 if scheme == "int8_w8a8" else 0.08
+    assert float((out.float() - want.float()).norm() / (want.float() - x.float()).norm()) < tol
+    assert fuse_quant.fusable_filter(model, x)(model.fc1, "fc1")  # fusable_filter reads the same calls

@@ -594,6 +594,35 @@ def test_dtype_moves_of_a_quantized_model_keep_its_weights_and_scales(scheme):
     assert m[0].weight.dtype == torch.float64  # the rest of the model did move
 
 
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_quantize_leaves_multihead_attention_out_proj_alone(scheme, dtype):
+    """nn.MultiheadAttention reads out_proj's weight instead of calling it: a swapped out_proj broke an fp32 model
+    (a 16-bit dequantized weight in an fp32 matmul) and ran in 16-bit in an fp16 one. torch marks it
+    NonDynamicallyQuantizableLinear; quantize_ leaves it, whatever filter_fn says; the model's other Linears are
+    quantized."""
+    torch.manual_seed(0)
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn, self.fc = nn.MultiheadAttention(64, 4, batch_first=True), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.fc(self.attn(x, x, x, need_weights=False)[0])
+
+    model = Layer().to(dtype).eval()
+    x = torch.randn(2, 9, 64, dtype=dtype)
+    with torch.no_grad():
+        want = model.attn(x, x, x, need_weights=False)[0]
+    quantize_(model, scheme, filter_fn=lambda m, fqn: True)
+    assert type(model.attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    assert type(model.fc).__name__ in ("QuantLinear", "Fp8QuantLinear")
+    with torch.no_grad():
+        assert torch.equal(model.attn(x, x, x, need_weights=False)[0], want)
+        assert model(x).shape == (2, 9, 64)
+
+
 def test_quantize_half_model_and_report(tiers):
     lin = nn.Linear(256, 768).half()
     model = nn.Sequential(lin, nn.ReLU(), nn.Linear(768, 256).half(), nn.Linear(256, 768).half())

@@ -183,6 +183,8 @@ def operands_reason(vals: tuple, n_k: Callable[[], tuple[Any, Any]]) -> str | No
     n, k = (static_int(x) for x in n_k())
     if n is None or k is None:
         return "symbolic N or K"
+    if n <= 0 or k <= 0:  # an empty attention (T = 0) or a zero-width weight: nothing to tune, aten handles it
+        return f"N={n} K={k}: empty"
     if n % ALIGN or k % ALIGN:
         return f"N={n} K={k} not multiples of {ALIGN}"
     return None

@@ -104,6 +104,20 @@ def _layer_norm_args(n) -> tuple | None:
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 
 
+def positional_linears(gm: torch.fx.GraphModule) -> None:
+    """Rewrite every `linear` call of a Dynamo graph to the positional form ``linear(input, weight, bias)``: Dynamo
+    keeps the keywords of ``F.linear(x, weight=w, bias=b)``, and the quantization passes read the operands by
+    position (they raised IndexError on such a call)."""
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _LINEARS and n.kwargs:
+            n.args = (_arg(n, 0, "input"), _arg(n, 1, "weight"), _arg(n, 2, "bias"))
+            n.kwargs = {}
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def fusable_linears(gm: torch.fx.GraphModule, value_of: dict | None = None,
                     require_calibration: bool = True) -> list[torch.fx.Node]:
     """The `linear` nodes of a Dynamo graph whose input quantization the fusion pass absorbs: input from a
@@ -116,6 +130,7 @@ def fusable_linears(gm: torch.fx.GraphModule, value_of: dict | None = None,
     from ..families.scaled_mm.calibrate import calibrated_scale
 
     value_of = value_of or {}
+    positional_linears(gm)
     chosen: list[torch.fx.Node] = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in _LINEARS:

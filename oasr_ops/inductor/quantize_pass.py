@@ -37,7 +37,7 @@ from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from ..runtime.plans import WarnOnce
 from .fuse_conv_quant import conv2d_args, fusable_convs
-from .quant_patterns import fusable_linears, graph_values, restore_rows
+from .quant_patterns import fusable_linears, graph_values, positional_linears, restore_rows
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _WARN = WarnOnce()
@@ -152,6 +152,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         raise ValueError(f"options['quantization']: no in-graph rewrite for {type(cfg).__name__}; quantize the "
                          "model with quantize_() before compiling instead")
     value_of = graph_values(gm, example_inputs)
+    positional_linears(gm)
     wanted = None
     fusable_only = getattr(cfg, "layers", None) == "fusable"
     if fusable_only:
@@ -163,8 +164,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
             continue
         if wanted is not None and node not in wanted:
             continue
-        x, w = node.args[0], node.args[1]
-        b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        x, w, b = node.args
         wv = value_of.get(w)
         if isinstance(wv, torch.nn.Parameter) and wv.dim() == 2 and wv.dtype == torch.float32:
             fp32 += 1

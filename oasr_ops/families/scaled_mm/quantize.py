@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ...runtime.plans import WarnOnce
 
@@ -63,6 +64,7 @@ def qualifies(linear: nn.Linear) -> bool:
 
 
 _WARN_DTYPE = WarnOnce()  # once per layer class: an output dtype it cannot take
+_WARN_WEIGHT = WarnOnce()  # once per layer class: `.weight` read (a dequantized copy)
 
 
 class CalibratedInput(nn.Module):
@@ -122,7 +124,11 @@ class CalibratedInput(nn.Module):
     def weight(self) -> torch.Tensor:
         """The dequantized weight (``weight_q`` x per-channel ``scale_w``, in the output dtype, the replaced layer's
         shape): a fresh read-only copy, so code that reads ``layer.weight`` (its shape, dtype, device, values) keeps
-        working. It is not what the layer computes with: changing it changes nothing, and assigning it raises."""
+        working, with one warning per layer class. It is not what the layer computes with: changing it changes
+        nothing, and assigning it raises."""
+        _WARN_WEIGHT(type(self), f"{type(self).__name__}.weight is a 16-bit copy dequantized on each read: fine for "
+                     "its shape, dtype or values, but code computing with it (a parent module calling F.linear on "
+                     "it instead of calling the layer) runs in 16-bit, not on the quantized kernels")
         n = self.out_features
         w = self.weight_q.float() * self.scale_w.reshape(n, *([1] * (self.weight_q.dim() - 1)))
         return self._weight_layout(w).to(self.out_dtype)
@@ -250,10 +256,14 @@ def check_model(model: object) -> None:
 
 def swaps(model: nn.Module, wanted: Callable[[nn.Module, str], bool]) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute name, child) of every child of `model`'s modules that `wanted(child, fqn)` selects, all
-    decided before any swap: a `filter_fn` that raises leaves the model as it was, not half quantized."""
+    decided before any swap: a `filter_fn` that raises leaves the model as it was, not half quantized. Never a
+    `NonDynamicallyQuantizableLinear` (torch's mark on `nn.MultiheadAttention.out_proj`, whose parent reads its
+    weight instead of calling it: a swapped one ran in 16-bit on the dequantized copy, or failed in an fp32 model);
+    `wanted` is not asked about those."""
     return [(parent, name, child) for parent_name, parent in list(model.named_modules())
             for name, child in list(parent.named_children())
-            if wanted(child, f"{parent_name}.{name}" if parent_name else name)]
+            if not isinstance(child, NonDynamicallyQuantizableLinear)
+            and wanted(child, f"{parent_name}.{name}" if parent_name else name)]
 
 
 def schemes() -> dict[str, Callable[..., nn.Module]]:
