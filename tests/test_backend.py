@@ -200,6 +200,42 @@ def test_stays_on_aten_when_kernels_cannot_serve(db_env):
     assert not res32.sites and any("dtype" in why for _, why in res32.skipped)
 
 
+def test_an_fp32_model_under_autocast_is_served_by_oasr_gemm(db_env):
+    """Under torch.autocast an fp32 model's GEMMs read autocast's bf16 / fp16 cast of each weight, not the
+    parameter: they all stayed on aten ("weight is not a transposed contiguous 2-D parameter"), so such a model got
+    nothing from the backend. The cast weight is served like a parameter now (GELU fused); values and gradients
+    follow eager autocast."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        ref = model.double()(x.double()).float()
+        model.float()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(x)
+        got = torch.compile(model, backend=oasr_backend)(x)
+    sites = sites_of_last_graph()
+    assert sorted((s.op, s.n, s.k, s.activation) for s in sites) == [
+        ("gemm", 64, 128, "none"), ("gemm_activation", 128, 64, "gelu")]
+    assert got.dtype == want.dtype == torch.bfloat16
+    err_eager, err = (float((y.float() - ref).abs().max() / ref.abs().max()) for y in (want, got))
+    assert err < max(2 * err_eager, 1e-2), (err, err_eager)
+    # training under autocast: fp32 parameter gradients through the cast
+    torch._dynamo.reset()
+    rewrite.clear_rewrite_log()
+    xg = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(xg).float().square().mean().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()] + [xg.grad.clone()]
+    model.zero_grad()
+    xg.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(model, backend=oasr_backend)(xg).float().square().mean().backward()
+    assert [s.family for r in rewrite.rewrite_log() for s in r.sites].count("gemm") == 2  # the forward graph's
+    for g, w in zip([p.grad for p in model.parameters()] + [xg.grad], want_grads):
+        assert g.dtype == w.dtype and float((g - w).norm() / w.norm()) < 2e-2
+
+
 def test_dynamic_compiles_once_and_serves_region_per_m(db_env):
     publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[32, A], [128, B], [None, C]]})
     oasr_ops.reload_tuning()

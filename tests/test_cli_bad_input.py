@@ -247,6 +247,27 @@ def test_evaluate_db_regions_are_checked(home, capsys, regions, needle):
                  f"entry '{SIG}'", needle)
 
 
+def test_evaluate_refuses_a_log_without_measurements_and_a_db_of_another_family(home, capsys, monkeypatch):
+    """A manifest given as --log scored "0 measured points" with exit 0, and a scaled_mm DB scored against a gemm
+    log exactly like the `default` arm: both are usage errors now. `--db NAME=~/...` reaches the file (no shell
+    expands a ~ inside that word)."""
+    manifest = home / "in" / "manifest.jsonl"
+    manifest.write_text(json.dumps({"audio": "a.wav", "duration": 3.2}) + "\n")
+    _usage_error(home, capsys, ["tune", "evaluate", "--log", str(manifest)], f"--log {manifest}", "no measured arm")
+    log = home / "in" / "m.jsonl"
+    log.write_text(json.dumps(GOOD_REC) + "\n")
+    other = home / "in" / "smm.json"
+    smm_sig = "scaled_mm|op=scaled_mm|dt=int8|N=8|K=16"
+    other.write_text(json.dumps({"entries": {smm_sig: {"regions": [[None, "torch"]]}}}))
+    _usage_error(home, capsys, ["tune", "evaluate", "--log", str(log), "--db", f"x={other}"], f"--db {other}",
+                 "scaled_mm signatures", "the log measured gemm")
+    db = home / "in" / "db.json"
+    db.write_text(json.dumps({"entries": {SIG: {"regions": [[None, "torch"]]}}}))
+    monkeypatch.setenv("HOME", str(home / "in"))
+    assert cli.main(["tune", "evaluate", "--log", str(log), "--db", "x=~/db.json", "--arch", "sm90"]) == 0
+    assert "x" in capsys.readouterr().out
+
+
 def test_evaluate_db_nested_too_deeply(home, capsys):
     log = home / "in" / "m.jsonl"
     log.write_text(json.dumps(GOOD_REC) + "\n")
@@ -404,6 +425,13 @@ def test_build_and_prebuild_take_the_same_counts(home, capsys, no_nvcc, cmd, opt
     c.write_text(json.dumps(_census_doc()))
     arch = "9.0a" if cmd == "prebuild" else "sm90"
     _usage_error(home, capsys, ["tune", cmd, "--census", str(c), "--arch", arch, opt, value], opt, needle)
+
+
+@pytest.mark.parametrize("flags", [["--thin"], ["--max-points", "4"], ["--no-prune", "--top-k", "3"]])
+def test_prebuild_census_options_need_a_census(home, capsys, no_nvcc, flags):
+    """`--thin` & co. shape a --census plan; without --census they were accepted silently and the whole production
+    set started compiling."""
+    _usage_error(home, capsys, ["tune", "prebuild", "--arch", "9.0a", *flags], flags[0], "pass --census FILE")
 
 
 def test_prebuild_names_the_census_not_the_arch(home, capsys, no_nvcc):

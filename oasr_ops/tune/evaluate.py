@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -393,22 +394,33 @@ def handler(args: argparse.Namespace) -> int:
     for path in args.log:
         existing_file(path, "--log")
         try:
-            records.extend(read_log(path, check=True))
+            got = read_log(path, check=True)
         except UnicodeDecodeError:  # a ValueError whose message does not name the file
             raise UsageError(f"--log {path}: not UTF-8 text") from None
         except (OSError, ValueError) as e:
             raise UsageError(f"--log {e}") from None
+        if not _points(got):  # a census, a manifest, an empty file: scoring it would print an empty table
+            raise UsageError(f"--log {path}: no measured arm (records with signature, m, config and median_s, as "
+                             "`oasr tune build --log` writes)")
+        records.extend(got)
+    log_families = {str(r.get("signature", "")).split("|", 1)[0] for r in records}
     for spec in args.db:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise UsageError(f"--db expects NAME=PATH, got {spec!r}")
         if name in selectors:
             raise UsageError(f"--db name {name!r} given twice")
+        path = os.path.expanduser(path)  # `NAME=~/...`: the shell expands no ~ inside a word (sh, quotes)
         doc = json_file(path, "--db")  # UsageError for a missing, non-UTF-8, invalid or too deeply nested file
         try:
-            selectors[name] = db_selector(db_entries_of(doc, f"--db {path}"), miss=miss)
+            entries = db_entries_of(doc, f"--db {path}")
         except ValueError as e:
             raise UsageError(str(e)) from None
+        families = {sig.split("|", 1)[0] for sig in entries}
+        if entries and not families & log_families:  # would score exactly like the `default` arm, silently
+            raise UsageError(f"--db {path}: its entries are {', '.join(sorted(families))} signatures; the log "
+                             f"measured {', '.join(sorted(log_families))} (give the log of that family's build)")
+        selectors[name] = db_selector(entries, miss=miss)
     # The arch the `default` sentinel is read on: checked here, before any scoring (`OASR_ARCH` stands in for a
     # missing --arch, so a bad value there is named as such).
     if not args.default_config:

@@ -171,8 +171,17 @@ def _build_hot_path() -> int:
     return 0
 
 
+# The options that shape a --census plan, with their defaults: given without --census they would change nothing
+# (and a prebuild of the whole production set would start), so that is a usage error.
+CENSUS_ONLY = {"thin": False, "max_points": 16, "max_fill": 8, "no_prune": False, "top_k": 16, "no_validate": False}
+
+
 def _run(args: argparse.Namespace) -> int:
     """`oasr tune prebuild`: arch list, dtypes and configs are validated (UsageError) before nvcc runs."""
+    stray = [f"--{k.replace('_', '-')}" for k, d in CENSUS_ONLY.items() if getattr(args, k) != d]
+    if stray and not args.census:
+        raise UsageError(f"{', '.join(stray)} shape(s) a --census plan: pass --census FILE with it (without "
+                         "--census, prebuild builds the production set, --configs or --all)")
     if args.hot_path or args.hot_path_only:
         rc = _build_hot_path()
         if rc or args.hot_path_only:
@@ -234,11 +243,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exactly the candidates `oasr tune build --census FILE` loads (repeatable)")
     p.add_argument("--thin", action="store_true", help="with --census: as the build's --thin")
     # the build's own types: what the build would refuse is refused here, not planned
-    p.add_argument("--max-points", type=int_at_least(2), default=16,
+    p.add_argument("--max-points", type=int_at_least(2), default=CENSUS_ONLY["max_points"],
                    help="with --census: as the build's --max-points")
-    p.add_argument("--max-fill", type=int_at_least(0), default=8, help="with --census: as the build's --max-fill")
+    p.add_argument("--max-fill", type=int_at_least(0), default=CENSUS_ONLY["max_fill"],
+                   help="with --census: as the build's --max-fill")
     p.add_argument("--no-prune", action="store_true", help="with --census: as the build's --no-prune")
-    p.add_argument("--top-k", type=int_at_least(1), default=16, help="with --census: as the build's --top-k")
+    p.add_argument("--top-k", type=int_at_least(1), default=CENSUS_ONLY["top_k"],
+                   help="with --census: as the build's --top-k")
     p.add_argument("--no-validate", action="store_true", help="with --census: as the build's --no-validate")
     p.add_argument("--arch", help="arch list, e.g. 9.0a (default: OASR_CUDA_ARCH_LIST)")
     p.add_argument("--dtypes", type=_dtypes, help=f"comma list of {','.join(DTYPES)} (default: all of them)")

@@ -15,7 +15,7 @@ tanh-GELU is never fused (the kernels' GELU is the erf one).
 
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
-(a parameter: placeholder after AOTAutograd, get_attr under freezing), an input not known to be contiguous, a
+(a parameter: placeholder after AOTAutograd, get_attr under freezing) or autocast's fp16/bf16 cast of one, an input not known to be contiguous, a
 bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA. Configs are baked by
 `oasr_ops.families.graph` (the contract is in its docstring).
 """
@@ -136,6 +136,15 @@ class _Candidate:
     m: Any                      # int or SymInt
 
 
+def _is_autocast_weight(node: torch.fx.Node) -> bool:
+    """`node` casts a 2-D contiguous parameter to fp16 / bf16 (what autocast puts before a Linear's GEMM)."""
+    if not is_call(node, prims.convert_element_type.default) or node.args[1] not in LOW_DTYPES:
+        return False
+    src = node.args[0]
+    v = val(src)
+    return is_param(src) and isinstance(v, torch.Tensor) and v.dim() == 2 and known_contiguous(v)
+
+
 def _weight_source(node: Any) -> torch.fx.Node | None:
     """W when `node` is permute(W, [1, 0]) / t(W) / transpose(W, 0, 1) of a 2-D graph input or attribute."""
     if is_call(node, aten.permute.default):
@@ -151,8 +160,11 @@ def _weight_source(node: Any) -> torch.fx.Node | None:
         return None
     src = node.args[0]
     # A parameter, or a node another family's rewrite computed from parameters alone and marked so (the
-    # conv2d_activation frontend's column-permuted Linear weight: constant under freezing).
-    if not isinstance(src, torch.fx.Node) or not (is_param(src) or src.meta.get(PARAM_DERIVED)):
+    # conv2d_activation frontend's column-permuted Linear weight: constant under freezing), or autocast's cast of
+    # a parameter to fp16 / bf16 (an fp32 model under torch.autocast: the cast runs per call with either backend,
+    # it is a constant under freezing).
+    if not isinstance(src, torch.fx.Node) or not (is_param(src) or src.meta.get(PARAM_DERIVED)
+                                                  or _is_autocast_weight(src)):
         return None
     v = val(src)
     if not isinstance(v, torch.Tensor) or v.dim() != 2 or not known_contiguous(v):
