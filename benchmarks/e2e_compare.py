@@ -8,7 +8,8 @@ rounds alternate inductor / oasr (the order flips every round); each round times
 after warm-up and keeps the median. Reported per backend: the median over rounds and the spread (max - min over
 rounds, % of the median); the ratio inductor/oasr of the medians (> 1: oasr faster). Error: max |out - ref| /
 max |ref| against the same weights run eagerly in fp32. Tuning: whatever the DB/tiers say (OASR_TUNE_USER_DB=off
-for "untuned"); --tuning prewarm[:budget_s] measures uncovered points before compiling.
+for "untuned"); --tuning prewarm[:budget_s] measures uncovered points before compiling. --autocast fp16|bf16: the
+model stays fp32 and every call (compile included) runs under torch.autocast("cuda", dtype).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--mode", default="reduce-overhead")
     p.add_argument("--tuning", default="off", help="off | prewarm[:budget_s]")
+    p.add_argument("--autocast", choices=("fp16", "bf16"), default=None,
+                   help="an fp32 model run under torch.autocast with this dtype (default: an fp16 model)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -74,8 +77,9 @@ def main() -> int:
 
     build, inputs = _load(a.model), _load(a.inputs)
     margs, iargs = _kwargs(a.model_args), _kwargs(a.input_args)
-    model = build(**margs, dtype=torch.float16, device="cuda", seed=0).eval()
-    x = tuple(inputs(**iargs, dtype=torch.float16, device="cuda", seed=1))
+    dtype = torch.float32 if a.autocast else torch.float16
+    model = build(**margs, dtype=dtype, device="cuda", seed=0).eval()
+    x = tuple(inputs(**iargs, dtype=dtype, device="cuda", seed=1))
     ref_model = build(**margs, dtype=torch.float32, device="cuda", seed=0).eval()
     with torch.no_grad():
         ref = ref_model(*(t.float() for t in x)).float()
@@ -87,8 +91,18 @@ def main() -> int:
         oasr_opts["tuning"] = oasr_ops.TuningConfig(mode="prewarm", budget_s=budget)
     fns = {"inductor": torch.compile(copy.deepcopy(model), backend="inductor", mode=a.mode),
            "oasr": torch.compile(copy.deepcopy(model), backend=oasr_backend, options=oasr_opts)}
+    if a.autocast:
+        ac_dtype = torch.float16 if a.autocast == "fp16" else torch.bfloat16
+
+        def under_autocast(fn):
+            def call(*args):
+                with torch.autocast("cuda", dtype=ac_dtype):
+                    return fn(*args)
+            return call
+        fns = {name: under_autocast(fn) for name, fn in fns.items()}
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "model": a.model, "model_args": margs, "inputs": iargs, "mode": a.mode, "tuning": a.tuning,
+           "autocast": a.autocast,
            "rounds": a.rounds, "iters": a.iters, "first_call_s": {}, "rel_err_vs_fp32": {}, "round_ms": {}}
     with torch.no_grad():
         for name, fn in fns.items():

@@ -236,6 +236,26 @@ def test_an_fp32_model_under_autocast_is_served_by_oasr_gemm(db_env):
         assert g.dtype == w.dtype and float((g - w).norm() / w.norm()) < 2e-2
 
 
+def test_a_conformer_under_autocast_gets_every_family_rewrite(db_env):
+    """The conv module's depthwise and pointwise convs and the conv2d frontend required a parameter weight too and
+    stayed on aten under autocast; every site is rewritten now, with the fp16 model's errors."""
+    from examples.conformer import build_model, example_inputs
+
+    model = build_model(size="S", dtype=torch.float32, device="cpu", seed=0, conv_impl="conv1d", num_layers=1).eval()
+    x = example_inputs(batch=2, frames=200, dtype=torch.float32, device="cpu", seed=1)[0]
+    with torch.no_grad():
+        ref = model.double()(x.double()).float()
+        model.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = model(x).float()
+            got = torch.compile(model, backend=oasr_backend)(x).float()
+    log = rewrite.rewrite_log()[-1]
+    assert {s.family for s in log.sites} == {"gemm", "conv1d", "conv2d_activation"}
+    assert not [why for _, why in log.skipped if "parameter" in why], log.skipped
+    err_eager, err = (float((y - ref).abs().max() / ref.abs().max()) for y in (want, got))
+    assert err < max(2 * err_eager, 2e-2), (err, err_eager)
+
+
 def test_dynamic_compiles_once_and_serves_region_per_m(db_env):
     publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[32, A], [128, B], [None, C]]})
     oasr_ops.reload_tuning()

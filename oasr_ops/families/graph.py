@@ -115,6 +115,17 @@ def is_param(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op in ("placeholder", "get_attr")
 
 
+def is_weight(node: Any) -> bool:
+    """True for a parameter (`is_param`) or autocast's fp16 / bf16 cast of one (`prims.convert_element_type` of a
+    graph input or attribute: what an fp32 model under torch.autocast puts before each GEMM and conv). Either is the
+    same value on every call: the rewrites that require a parameter weight (its transforms run per call, or fold
+    into constants under freezing) take both."""
+    if is_param(node):
+        return True
+    return (is_call(node, torch.ops.prims.convert_element_type.default) and node.args[1] in LOW_DTYPES
+            and is_param(node.args[0]))
+
+
 def val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 

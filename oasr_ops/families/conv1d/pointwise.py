@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..graph import LOW_DTYPES, is_call, is_param, known_contiguous, single_user, static_int, users, val
+from ..graph import LOW_DTYPES, is_call, is_weight, known_contiguous, single_user, static_int, users, val
 from .rewrite import _Builder, _erase, _is_swap_12, _list_is, is_pointwise
 
 aten = torch.ops.aten
@@ -61,11 +61,11 @@ def pointwise_reason(conv: torch.fx.Node) -> str | None:
     if transposed or not _list_is(stride, 1) or not _list_is(dilation, 1) or not _list_is(padding, 0) \
             or not (out_pad is None or all(static_int(p) == 0 for p in out_pad)):
         return f"pointwise conv: not stride 1 / padding 0 / dilation 1 (stride {stride}, padding {padding})"
-    if not is_param(w):
-        return "pointwise conv: weight is not a parameter (graph input or attribute)"
+    if not is_weight(w):
+        return "pointwise conv: weight is not a parameter (graph input or attribute, or autocast's cast of one)"
     if b is not None:
         bv = val(b)
-        if not is_param(b) or not isinstance(bv, torch.Tensor) or bv.dtype != xv.dtype:
+        if not is_weight(b) or not isinstance(bv, torch.Tensor) or bv.dtype != xv.dtype:
             return "pointwise conv: bias is not a parameter of the input's dtype"
     if not _is_swap_12(x):
         return ("pointwise conv: input [B, C, T] is not a transposed [B, T, C] view (an M-major GEMM would need "

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ...configs import DW_MAX_KW
-from ..graph import is_param
+from ..graph import is_weight
 from . import affine as _affine
 from .ops import DTYPES, select_config, signature
 
@@ -140,9 +140,9 @@ def _conv_reason(node: torch.fx.Node) -> str | None:
             or not (out_pad is None or all(_static(p) == 0 for p in out_pad)):
         return f"not stride 1 / dilation 1 / 'same' padding {kw // 2} (stride {stride}, padding {padding}, " \
                f"dilation {dilation}, transposed {transposed})"
-    if not is_param(w):
-        return "weight is not a parameter (graph input or attribute)"
-    if b is not None and not is_param(b):
+    if not is_weight(w):
+        return "weight is not a parameter (graph input or attribute, or autocast's cast of one)"
+    if b is not None and not is_weight(b):
         return "bias is not a parameter (graph input or attribute)"
     return None
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_frozen_transposed_weight, is_param,
+from ..graph import (LOW_DTYPES, META_OPS, RewriteContext, is_call, is_frozen_transposed_weight, is_weight,
                      known_contiguous, single_user, static_int, untransposed, users, val)
 from ..gemm.rewrite import PARAM_DERIVED
 from .ops import ACTIVATIONS, FAMILY, db_op, out_extent, signature
@@ -89,9 +89,9 @@ def conv_reason(node: torch.fx.Node) -> str | None:
         return f"output padding {out_pad}"
     if static_int(xv.shape[1]) != static_int(wv.shape[1]):
         return f"input channels {xv.shape[1]} vs weight {tuple(wv.shape)}"
-    if not is_param(w):
-        return "weight is not a parameter (graph input or attribute)"
-    if b is not None and not is_param(b):
+    if not is_weight(w):
+        return "weight is not a parameter (graph input or attribute, or autocast's cast of one)"
+    if b is not None and not is_weight(b):
         return "bias is not a parameter (graph input or attribute)"
     return None
 
@@ -204,7 +204,7 @@ def _linear_weight(node: torch.fx.Node, a: torch.fx.Node) -> torch.fx.Node | Non
         return None
     if is_frozen_transposed_weight(wt):
         return wt
-    if not _is_permute(wt, [1, 0]) or not is_param(wt.args[0]):
+    if not _is_permute(wt, [1, 0]) or not is_weight(wt.args[0]):
         return None
     wv = val(wt.args[0])
     return wt if isinstance(wv, torch.Tensor) and wv.dim() == 2 and known_contiguous(wv) else None

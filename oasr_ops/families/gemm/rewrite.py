@@ -15,8 +15,8 @@ tanh-GELU is never fused (the kernels' GELU is the erf one).
 
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
-(a parameter: placeholder after AOTAutograd, get_attr under freezing) or autocast's fp16/bf16 cast of one, an input not known to be contiguous, a
-bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA. Configs are baked by
+(a parameter: placeholder after AOTAutograd, get_attr under freezing) or autocast's fp16/bf16 cast of one, an
+input not known to be contiguous, a bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA. Configs are baked by
 `oasr_ops.families.graph` (the contract is in its docstring).
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, is_frozen_transposed_weight, is_param,
-                     keeps_aten, known_contiguous, operands_reason, replace_node, single_user, static_int, untransposed,
-                     users, val)
+from ..graph import (LOW_DTYPES, META_OPS, VIEW_OPS, RewriteContext, is_call, is_frozen_transposed_weight,
+                     is_weight, keeps_aten, known_contiguous, operands_reason, replace_node, single_user, static_int,
+                     untransposed, users, val)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -136,15 +136,6 @@ class _Candidate:
     m: Any                      # int or SymInt
 
 
-def _is_autocast_weight(node: torch.fx.Node) -> bool:
-    """`node` casts a 2-D contiguous parameter to fp16 / bf16 (what autocast puts before a Linear's GEMM)."""
-    if not is_call(node, prims.convert_element_type.default) or node.args[1] not in LOW_DTYPES:
-        return False
-    src = node.args[0]
-    v = val(src)
-    return is_param(src) and isinstance(v, torch.Tensor) and v.dim() == 2 and known_contiguous(v)
-
-
 def _weight_source(node: Any) -> torch.fx.Node | None:
     """W when `node` is permute(W, [1, 0]) / t(W) / transpose(W, 0, 1) of a 2-D graph input or attribute."""
     if is_call(node, aten.permute.default):
@@ -159,12 +150,10 @@ def _weight_source(node: Any) -> torch.fx.Node | None:
     else:
         return None
     src = node.args[0]
-    # A parameter, or a node another family's rewrite computed from parameters alone and marked so (the
-    # conv2d_activation frontend's column-permuted Linear weight: constant under freezing), or autocast's cast of
-    # a parameter to fp16 / bf16 (an fp32 model under torch.autocast: the cast runs per call with either backend,
-    # it is a constant under freezing).
-    if not isinstance(src, torch.fx.Node) or not (is_param(src) or src.meta.get(PARAM_DERIVED)
-                                                  or _is_autocast_weight(src)):
+    # A parameter (or autocast's fp16 / bf16 cast of one: an fp32 model under torch.autocast; the cast runs per
+    # call with either backend), or a node another family's rewrite computed from parameters alone and marked so
+    # (the conv2d_activation frontend's column-permuted Linear weight: constant under freezing).
+    if not isinstance(src, torch.fx.Node) or not (is_weight(src) or src.meta.get(PARAM_DERIVED)):
         return None
     v = val(src)
     if not isinstance(v, torch.Tensor) or v.dim() != 2 or not known_contiguous(v):
