@@ -54,6 +54,24 @@ def _graph_lines(results: list[Any], source: str) -> dict[str, str]:
     return out
 
 
+def _skipped_line(results: list[Any], source: str, shown: int = 4) -> str | None:
+    """One line over the sites of `results` that stayed on aten, grouped by reason (the most frequent first, up to
+    `shown` of them), tagged like the family lines; None when every site was rewritten. Why: a site left on aten
+    (an unaligned width, a strided operand) runs as under Inductor, and a report that only counts rewritten sites
+    does not say the model has such sites."""
+    reasons: dict[str, int] = {}
+    for res in results:
+        for node, why in res.skipped:
+            if node != "<graph>":  # a cache hit that could not be re-derived: its own line
+                reasons[why] = reasons.get(why, 0) + 1
+    if not reasons:
+        return None
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = "; ".join(f"{why} ({n})" for why, n in top[:shown])
+    more = f"; {len(top) - shown} more reason(s)" if len(top) > shown else ""
+    return f"left on aten: {sum(reasons.values())} site(s): {text}{more} [{source}]"
+
+
 def _served_lines() -> dict[str, str]:
     """family -> one line over the plans that actually served calls (each family's ``served`` handler: the CUDA
     path's plans since the last reload, with their tier and call count; the CPU reference path makes none)."""
@@ -85,7 +103,9 @@ def family_lines(epoch: int | None = None) -> list[str]:
     * ``rewritten in this process``: the graphs the backend's pass rewrote in the DB epoch (`rewrite_log`);
     * ``FX/AOT cache hit``: graphs compiled from Inductor's caches, where the pass does not run — their sites
       re-derived (`oasr_ops.inductor.rewrite.cache_hit_log`);
-    * ``served calls``: the plans that ran calls (each family's ``served`` handler; CUDA only).
+    * ``served calls``: the plans that ran calls (each family's ``served`` handler; CUDA only);
+
+    then, per graph source, one ``left on aten`` line counting the sites no family rewrote, by reason.
     """
     from .inductor import rewrite
     from .runtime import database
@@ -101,6 +121,10 @@ def family_lines(epoch: int | None = None) -> list[str]:
     lines = []
     for fam in sorted({f for src in sources for f in src}):
         lines.extend(src[fam] for src in sources if fam in src)
+    for results, source in ((passed, "rewritten in this process"), (hits, "FX/AOT cache hit")):
+        line = _skipped_line(results, source)
+        if line:
+            lines.append(line)
     failed = [why for r in hits for node, why in r.skipped if node == "<graph>"]
     if failed:
         lines.append(f"{len(failed)} cached graph(s) could not be re-derived: {failed[0]}")

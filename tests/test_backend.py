@@ -370,6 +370,35 @@ def test_report_is_true_on_fx_cache_hit(db_env):
     assert not rewrite.cache_hit_log()
 
 
+def test_cache_hit_report_of_a_conformer_matches_what_the_pass_did(db_env):
+    """The re-derivation traced the cached graph with parameters that did not require grad: matmul then kept the
+    conv module's pointwise Linear on a transposed input as a bmm (skipped: "a is not K-contiguous"), while the
+    compile folds it into an mm, a GEMM site, so every cache hit's report lost a site. It replays Inductor's own
+    pipeline on inputs like the compile's now: the same sites and the same skips."""
+    from torch._inductor import config as inductor_config
+
+    from examples.conformer import build_model, example_inputs
+
+    model = build_model(size="S", dtype=torch.bfloat16, device="cpu", seed=0, num_layers=1, attention="rel_pos")
+    x = example_inputs(batch=2, frames=200, dtype=torch.bfloat16, device="cpu", seed=1)[0]
+    with inductor_config.patch(fx_graph_cache=True), torch.no_grad():
+        torch.compile(model, backend=oasr_backend)(x)
+        (done,) = rewrite.rewrite_log()
+        rewrite.clear_rewrite_log()
+        torch._dynamo.reset()
+        torch.compile(model, backend=oasr_backend)(x)
+        assert not rewrite.rewrite_log()
+        (hit,) = rewrite.cache_hit_log()
+    assert _site_keys([hit]) == _site_keys([done]) and len(done.sites) >= 10
+    assert hit.skipped == done.skipped
+    # the report says which sites stayed on aten, and why (the rel-pos score bmms at T' = 49 are unaligned)
+    from oasr_ops.tuning import family_lines
+
+    left = [line for line in family_lines() if line.startswith("left on aten")]
+    assert left == ["left on aten: 3 site(s): bmm N=49 K=64 not multiples of 8 (1); bmm N=64 K=49 not multiples of 8 "
+                    "(1); bmm N=97 K=64 not multiples of 8 (1) [FX/AOT cache hit]"]
+
+
 def test_report_lists_served_plans_per_family(db_env, monkeypatch):
     """The served source: each family's `served` handler (CUDA plans with tier and call count), faked here."""
     from oasr_ops.runtime import registry

@@ -282,3 +282,17 @@ def test_every_shipped_census_passes_the_readers_check():
     for f in files:
         doc = check_census(f)
         assert doc["signatures"], f
+
+
+def test_trace_sites_keeps_a_weight_s_requires_grad():
+    """matmul folds a transposed 3-D input into an mm (a GEMM site) when the weight requires grad, as a parameter
+    does even under no_grad, and keeps a bmm when not: a (shape, dtype, device) stand-in lost the flag, so the
+    cache-hit report and the backend's prewarm points saw a bmm where the compile has a GEMM."""
+    def fn(x, w):
+        return torch.nn.functional.linear(x.transpose(1, 2), w)
+
+    x, w = ((2, 64, 40), torch.float16, "cpu"), ((64, 64), torch.float16, "cpu")
+    as_param, _, _ = C.trace_sites(fn, [x, (*w, True)])
+    assert [(s.family, s.n, s.k) for s in as_param.sites] == [("gemm", 64, 64)]
+    plain, _, _ = C.trace_sites(fn, [x, w])
+    assert not plain.sites and any("bmm" in n for n, _ in plain.skipped)

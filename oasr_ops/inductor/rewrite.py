@@ -5,9 +5,10 @@ family.
 
 The rewrite log (`rewrite_log()`): every graph this process's pass rewrote. On an FX/AOT cache hit the pass does
 not run, so the backend records the cached graph instead (`record_cache_hit`), and `cache_hit_log()` re-derives
-what that graph bakes — the same rewrite over a FakeTensor trace of the Dynamo graph at its example shapes
-(symbolic sizes at their hints), with the same DB and sources, which is what the cache key (`uuid`) guarantees.
-It is derived lazily, when a report asks, so a cache hit costs no trace. Everything a compiled graph needs is in
+what that graph bakes — the same rewrite on the graph Inductor's own pipeline gives the pass for the Dynamo graph
+at its example shapes (symbolic sizes at their hints; fake tensors, caches off, stopped at the pass: `_replay`),
+with the same DB and sources, which is what the cache key (`uuid`) guarantees. It is derived lazily, when a report
+asks, so a cache hit costs no trace. Everything a compiled graph needs is in
 the graph itself.
 """
 from __future__ import annotations
@@ -33,10 +34,11 @@ _MAX_PENDING = 64  # cache-hit graphs held for re-derivation (each holds its Dyn
 @dataclass
 class _CacheHit:
     gm: Any                  # the Dynamo graph module (dropped once derived)
-    args: list[Any]          # (shape, dtype, device) per tensor input, plain values otherwise
+    args: list[Any]          # (shape, dtype, device, requires_grad) per tensor input, plain values otherwise
     arch: str | None
     epoch: int
     eager: bool = False      # compiled to run without CUDA graphs (bakes the DB's eager regions)
+    grad: bool = False       # compiled with grad mode on (a joint graph: the replay rewrites its forward)
     result: RewriteResult | None = None
 
 
@@ -75,33 +77,68 @@ def record_cache_hit(gm: Any, example_inputs: list[Any], arch: str | None = None
     needs — the graph module and its inputs' shapes (not the tensors: no weights are held)."""
     from ..runtime import database
 
-    args = [(tuple(_hint(s) for s in x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else _hint(x)
-            for x in example_inputs]
+    args = [(tuple(_hint(s) for s in x.shape), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
+            else _hint(x) for x in example_inputs]
     with _LOG_LOCK:
         pending = [h for h in _HITS if h.result is None]
         if len(pending) >= _MAX_PENDING:
             _DROPPED[0] += 1
             return
-        _HITS.append(_CacheHit(gm, args, arch, database.epoch(), eager))
+        _HITS.append(_CacheHit(gm, args, arch, database.epoch(), eager, torch.is_grad_enabled()))
+
+
+class _Replayed(Exception):
+    """Raised by the replay's pass once it has rewritten the graph: nothing after it needs to run."""
+
+
+def _replay(hit: _CacheHit) -> RewriteResult:
+    """Run Inductor's own pipeline (AOTAutograd, joint-graph passes, partition) on the cached Dynamo graph at its
+    example shapes, on fake tensors and with the caches off, up to where the backend's pass runs; that pass
+    rewrites the graph (configs baked, the hit's arch and eager mode) and stops the compile: the graph the pass saw,
+    joint-graph passes included. The inputs keep their requires_grad: matmul folds a transposed 3-D input into an
+    mm (a GEMM site) only when the weight requires grad, as parameters do; without it a conformer's pointwise
+    Linear came out as a bmm the pass never saw, and every cache hit's report lost that site."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    got: list[RewriteResult] = []
+
+    def replayed(graph: torch.fx.Graph) -> None:
+        got.append(rewrite_graph(graph, bake=True, arch=hit.arch, eager=hit.eager))
+        raise _Replayed
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    args = []
+    for a in hit.args:
+        if isinstance(a, tuple):
+            shape, dtype, device, requires_grad = a
+            f = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad),
+                                 static_shapes=True)
+            f.fake_device = torch.device(device)
+            a = f
+        args.append(a)
+    try:
+        # freezing off: it would constant-fold the fake parameters; the sites are the same with it (the rewrite
+        # takes a frozen weight like a parameter)
+        with inductor_config.patch(post_grad_custom_pre_pass=replayed, fx_graph_cache=False, freezing=False), \
+                functorch_config.patch(enable_autograd_cache=False), torch.set_grad_enabled(hit.grad):
+            compile_fx(hit.gm, args)
+    except Exception as e:  # the pass raises _Replayed (possibly wrapped by Inductor); anything else is a failure
+        if not got:
+            raise RuntimeError(f"{type(e).__name__}: {e}") from None
+    if not got:
+        raise RuntimeError("the compile finished without running the pass")
+    return got[0]
 
 
 def _derive(hit: _CacheHit) -> RewriteResult:
-    from ..tune.census import trace_sites
-
-    tensor_idx = [i for i, a in enumerate(hit.args) if isinstance(a, tuple)]
-    gm, args = hit.gm, hit.args
-
-    def fn(*tensors: Any) -> Any:
-        full, it = list(args), iter(tensors)
-        for i in tensor_idx:
-            full[i] = next(it)
-        return gm(*full)
-
     try:
-        res, _env, _f = trace_sites(fn, [args[i] for i in tensor_idx], bake=True, arch=hit.arch,
-                                    eager=hit.eager)
-    except Exception as e:  # a graph the trace cannot replay: say so rather than report nothing
-        res = RewriteResult(skipped=[("<graph>", f"not re-derived from the cache hit: {type(e).__name__}: {e}")])
+        res = _replay(hit)
+    except Exception as e:  # a graph the replay cannot compile: say so rather than report nothing
+        res = RewriteResult(skipped=[("<graph>", f"not re-derived from the cache hit: {e}")])
     res.epoch, res.source = hit.epoch, "cache"
     return res
 

@@ -125,7 +125,9 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
                 *, bake: bool = False, arch: str | None = None, eager: bool = False) -> tuple[Any, Any, list[Any]]:
     """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's rewrite.
 
-    ``tensor_args``: tensors (real or meta) or (shape, dtype, device) triples. ``dynamic``: arg index -> dims
+    ``tensor_args``: tensors (real or meta) or (shape, dtype, device[, requires_grad]) tuples (a parameter's
+    requires_grad changes the graph: matmul folds a transposed 3-D input into an mm, a GEMM site, when the weight
+    requires grad, as a parameter does even under no_grad, and keeps it a bmm when not). ``dynamic``: arg index -> dims
     made symbolic (sizes 0/1 stay static). ``bake``: resolve configs as the backend's pass does (the tuning
     report re-deriving a cache-hit graph); the census keeps ``False``. ``eager``: bake as for a graph run without
     CUDA graphs. Returns (RewriteResult, shape_env, fake args).
@@ -142,8 +144,8 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     fakes = []
     for i, t in enumerate(tensor_args):
         if not isinstance(t, torch.Tensor):
-            shape, dtype, device = t
-            t = torch.empty(shape, dtype=dtype, device="meta")
+            shape, dtype, device, *grad = t  # requires_grad matters: matmul folds a transposed input by it
+            t = torch.empty(shape, dtype=dtype, device="meta", requires_grad=bool(grad and grad[0]))
             real_device = torch.device(device)
         else:
             real_device = t.device

@@ -115,7 +115,7 @@ def points_for_graph(gm: Any, example_inputs: Sequence[Any]) -> list[Point]:
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
             shape = tuple(_hint(s) for s in x.shape)
-            args.append((shape, x.dtype, x.device))
+            args.append((shape, x.dtype, x.device, x.requires_grad))
         else:
             args.append(x)
     tensor_idx = [i for i, a in enumerate(args) if isinstance(a, tuple)]
