@@ -138,7 +138,10 @@ def _run(args: argparse.Namespace) -> int:
         if lane is None:  # as the measuring build: a file no lane of the arch serves would be written and ignored
             raise UsageError(f"no {args.family} lane is native to {a}")
         # partitioned for the arch it is published for (its lane's candidates and fallback), of --family only
-        entries, stamp = entries_from_log(args.from_log, replace(opts, arch=a), family=args.family)
+        try:
+            entries, stamp = entries_from_log(args.from_log, replace(opts, arch=a), family=args.family)
+        except ValueError as e:  # a log this code cannot partition (one measured under an older lane default)
+            raise UsageError(f"--from-log {args.from_log}: cannot partition it for {a}: {e}") from None
         if stamp_doc is not None:  # a log written before logs carried validators: the GPU-written file's stamp
             stamp = stamp_doc["validators"]
         if stamp is None:
