@@ -61,7 +61,7 @@ def host_us(model: torch.nn.Module, x: tuple, calls: int) -> tuple[int, float, f
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="M")
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)

@@ -1,4 +1,5 @@
-"""Quick start: run `torch.ops.oasr.gemm` over a small Linear stack and print which config served each call.
+"""Quick start: run `torch.ops.oasr.gemm` over a small Linear stack and print which config served each call
+(on a GPU; a CPU prints one summary line).
 
 With a GPU and nvcc, the production kernels (lane default + coverage basis + what the tuning DB references) are
 built or loaded from the JIT cache first; on a CPU the op runs its reference implementation.
