@@ -9,7 +9,9 @@ after warm-up and keeps the median. Reported per backend: the median over rounds
 rounds, % of the median); the ratio inductor/oasr of the medians (> 1: oasr faster). Error: max |out - ref| /
 max |ref| against the same weights run eagerly in fp32. Tuning: whatever the DB/tiers say (OASR_TUNE_USER_DB=off
 for "untuned"); --tuning prewarm[:budget_s] measures uncovered points before compiling. --autocast fp16|bf16: the
-model stays fp32 and every call (compile included) runs under torch.autocast("cuda", dtype).
+model stays fp32 and every call (compile included) runs under torch.autocast("cuda", dtype). --mha-fastpath
+off-for-oasr: Inductor compiles and runs with PyTorch's fused transformer fast path (the default), oasr with
+`torch.backends.mha.set_fastpath_enabled(False)` (so its pass sees the Linears); `off`: both without it.
 """
 from __future__ import annotations
 
@@ -69,6 +71,10 @@ def main() -> int:
     p.add_argument("--tuning", default="off", help="off | prewarm[:budget_s]")
     p.add_argument("--autocast", choices=("fp16", "bf16"), default=None,
                    help="an fp32 model run under torch.autocast with this dtype (default: an fp16 model)")
+    p.add_argument("--mha-fastpath", choices=("on", "off", "off-for-oasr"), default="on",
+                   help="PyTorch's fused nn.TransformerEncoderLayer / MultiheadAttention path per backend")
+    p.add_argument("--oasr-options", default=None, help='JSON merged into the oasr backend\'s options, e.g. '
+                   '\'{"quantization": "int8_w8a8", "fuse_quantization": true}\'')
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -85,12 +91,25 @@ def main() -> int:
         ref = ref_model(*(t.float() for t in x)).float()
     del ref_model
 
-    oasr_opts: dict = {"mode": a.mode}
+    oasr_opts: dict = {"mode": a.mode, **(json.loads(a.oasr_options) if a.oasr_options else {})}
     if a.tuning.startswith("prewarm"):
         budget = float(a.tuning.partition(":")[2] or 120)
         oasr_opts["tuning"] = oasr_ops.TuningConfig(mode="prewarm", budget_s=budget)
     fns = {"inductor": torch.compile(copy.deepcopy(model), backend="inductor", mode=a.mode),
            "oasr": torch.compile(copy.deepcopy(model), backend=oasr_backend, options=oasr_opts)}
+    # each backend compiles and runs with its own fast-path setting (Dynamo reads it while tracing)
+    fast = {"inductor": a.mha_fastpath == "on" or a.mha_fastpath == "off-for-oasr", "oasr": a.mha_fastpath == "on"}
+
+    def with_fastpath(fn, enabled):
+        def call(*args):
+            was = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(enabled)
+            try:
+                return fn(*args)
+            finally:
+                torch.backends.mha.set_fastpath_enabled(was)
+        return call
+    fns = {name: with_fastpath(fn, fast[name]) for name, fn in fns.items()}
     if a.autocast:
         ac_dtype = torch.float16 if a.autocast == "fp16" else torch.bfloat16
 
@@ -102,7 +121,7 @@ def main() -> int:
         fns = {name: under_autocast(fn) for name, fn in fns.items()}
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "model": a.model, "model_args": margs, "inputs": iargs, "mode": a.mode, "tuning": a.tuning,
-           "autocast": a.autocast,
+           "autocast": a.autocast, "mha_fastpath": a.mha_fastpath, "oasr_options": a.oasr_options,
            "rounds": a.rounds, "iters": a.iters, "first_call_s": {}, "rel_err_vs_fp32": {}, "round_ms": {}}
     with torch.no_grad():
         for name, fn in fns.items():

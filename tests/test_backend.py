@@ -256,6 +256,34 @@ def test_a_conformer_under_autocast_gets_every_family_rewrite(db_env):
     assert err < max(2 * err_eager, 2e-2), (err, err_eager)
 
 
+def test_a_layer_on_pytorch_s_fused_fast_path_is_named_once(db_env, monkeypatch):
+    """nn.TransformerEncoderLayer in eval under no_grad is one native op in the graph
+    (`_transformer_encoder_layer_fwd`): no site to rewrite, no Linear to quantize. That was silent."""
+    import warnings
+
+    from oasr_ops.inductor import backend
+
+    monkeypatch.setattr(backend, "_warn_once", library.WarnOnce())
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).to(torch.bfloat16).eval()
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        torch.compile(layer, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+        torch._dynamo.reset()
+        torch.compile(layer, backend=oasr_backend)(x)
+    msgs = [str(w.message) for w in got if "fast path" in str(w.message)]
+    assert len(msgs) == 1 and "nn.TransformerEncoderLayer" in msgs[0] and "set_fastpath_enabled(False)" in msgs[0]
+    assert not sites_of_last_graph()
+    torch._dynamo.reset()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.compile(layer, backend=oasr_backend)(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert len(sites_of_last_graph()) == 4  # in-projection, out-projection, the two FFN Linears
+
+
 def test_dynamic_compiles_once_and_serves_region_per_m(db_env):
     publish({"gemm|op=gemm_activation|dt=half|N=128|K=64": [[32, A], [128, B], [None, C]]})
     oasr_ops.reload_tuning()
