@@ -105,12 +105,12 @@ _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 
 
 def positional_linears(gm: torch.fx.GraphModule) -> None:
-    """Rewrite every `linear` call of a Dynamo graph to the positional form ``linear(input, weight, bias)``: Dynamo
-    keeps the keywords of ``F.linear(x, weight=w, bias=b)``, and the quantization passes read the operands by
-    position (they raised IndexError on such a call)."""
+    """Rewrite every `linear` call of a Dynamo graph to the positional form ``linear(input, weight, bias)`` (bias
+    None when absent): Dynamo keeps the keywords of ``F.linear(x, weight=w, bias=b)``, and the quantization passes
+    read the operands by position (they raised IndexError on such a call)."""
     changed = False
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _LINEARS and n.kwargs:
+        if n.op == "call_function" and n.target in _LINEARS and (n.kwargs or len(n.args) != 3):
             n.args = (_arg(n, 0, "input"), _arg(n, 1, "weight"), _arg(n, 2, "bias"))
             n.kwargs = {}
             changed = True

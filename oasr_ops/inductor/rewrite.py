@@ -8,8 +8,7 @@ not run, so the backend records the cached graph instead (`record_cache_hit`), a
 what that graph bakes — the same rewrite on the graph Inductor's own pipeline gives the pass for the Dynamo graph
 at its example shapes (symbolic sizes at their hints; fake tensors, caches off, stopped at the pass: `_replay`),
 with the same DB and sources, which is what the cache key (`uuid`) guarantees. It is derived lazily, when a report
-asks, so a cache hit costs no trace. Everything a compiled graph needs is in
-the graph itself.
+asks, so a cache hit costs no trace. Everything a compiled graph needs is in the graph itself.
 """
 from __future__ import annotations
 

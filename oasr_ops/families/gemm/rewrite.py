@@ -16,8 +16,8 @@ tanh-GELU is never fused (the kernels' GELU is the erf one).
 What stays on aten (the reason is recorded in `RewriteResult.skipped`): a dtype other than fp16/bf16 (or mixed),
 N or K not a multiple of 8 or not static, a weight that is not a transposed contiguous 2-D graph input/attribute
 (a parameter: placeholder after AOTAutograd, get_attr under freezing) or autocast's fp16/bf16 cast of one, an
-input not known to be contiguous, a bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than CPU/CUDA. Configs are baked by
-`oasr_ops.families.graph` (the contract is in its docstring).
+input not known to be contiguous, a bias that is not 1-D [N], addmm with alpha/beta != 1, a device other than
+CPU/CUDA. Configs are baked by `oasr_ops.families.graph` (the contract is in its docstring).
 """
 from __future__ import annotations
 
