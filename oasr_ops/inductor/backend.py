@@ -221,7 +221,6 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     opts.update(kwargs)
     mode = opts.pop("mode", None) or mode
     _check_options(opts, mode)
-    _warn_fast_paths(gm)
     quantization = opts.pop("quantization", None)
     if quantization:
         from .quantize_pass import quantize_graph
@@ -273,6 +272,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     for name, value in (("cpp_hot_path", cpp_hot_path), ("eager_regions", eager_regions)):
         if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
             raise ValueError(f"options['{name}'] must be True or False, got {value!r}")
+    _warn_fast_paths(gm)
     patches = _config_patches(mode, opts, example_inputs, eager_regions)
     _serve_without_cuda_graphs(patches, example_inputs, cpp_hot_path)
     runs = rewrite.pass_runs()
