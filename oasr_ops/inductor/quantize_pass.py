@@ -37,9 +37,8 @@ from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from ..runtime.plans import WarnOnce
 from .fuse_conv_quant import conv2d_args, fusable_convs
-from .quant_patterns import fusable_linears, graph_values, positional_linears, restore_rows
+from .quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 
-_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _WARN = WarnOnce()
 
 
