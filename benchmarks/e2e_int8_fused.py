@@ -20,8 +20,12 @@ R rounds alternate the variants (order reversed every round); each round keeps t
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
 greedy decoding (argmax per frame, repeats collapsed, blanks dropped): frame-argmax agreement with fp32 and the
-token error rate (edit distance / reference tokens). --profile N: the top kernels of N calls of int8-fused
-without CUDA graphs (`e2e_conformer.profile`; --profile-fp16 adds fp16 inductor). --device cpu runs the same logic once, untimed (a smoke test).
+token error rate (edit distance / reference tokens). --error-budget E adds <scheme>-fused-act-budget: the fusable
+layers narrowed by `oasr_ops.error_budget_filter(..., E)` measured on the calibration batches against the fp32
+model's outputs (the least harmful layers whose joint eager error stays <= E), calibrated, fuse_quantization="act";
+the JSON's "error_budget" holds the chosen layers, the measured errors and the seconds it took. --profile N: the
+top kernels of N calls of int8-fused without CUDA graphs (`e2e_conformer.profile`; --profile-fp16 adds fp16
+inductor). --device cpu runs the same logic once, untimed (a smoke test).
 """
 from __future__ import annotations
 
@@ -192,6 +196,8 @@ def main() -> int:
     p.add_argument("--profile-variants", default=None,
                    help="with --profile: the variants to profile, comma-separated (default: the int8 ones timed, "
                         "plus fp16 with --profile-fp16)")
+    p.add_argument("--error-budget", type=float, default=None,
+                   help="also time <scheme>-fused-act-budget: the fusable layers within this max error vs fp32")
     p.add_argument("--quantization", choices=("int8_w8a8", "fp8_w8a8"), default="int8_w8a8",
                    help="fp8_w8a8: time fp8-fused-act and fp8-fused (and fp8-all with --with-unfused) instead of the int8 variants")
     p.add_argument("--only", default=None,
@@ -224,8 +230,12 @@ def main() -> int:
     model = build(**margs, dtype=torch.float16, device=dev, seed=0).eval()
     x = tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=1))
     ref_model = build(**margs, dtype=torch.float32, device=dev, seed=0).eval()
+    calib = [tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=100 + i)) for i in range(a.calib_batches)]
     with torch.no_grad():
         ref = ref_model(*(t.float() if t.is_floating_point() else t for t in x)).float()
+        # the error budget is measured on the calibration batches (not on x, the timed and scored input)
+        calib_ref = ([ref_model(*(t.float() if t.is_floating_point() else t for t in b)).float() for b in calib]
+                     if a.error_budget is not None else None)
     del ref_model
     torch.manual_seed(123)
     head = torch.nn.Linear(ref.shape[-1], a.vocab).to(dev)
@@ -239,7 +249,6 @@ def main() -> int:
     torch.compiler.reset()
     fp8 = a.quantization == "fp8_w8a8"
     qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=flt)
-    calib = [tuple(inputs(**iargs, dtype=torch.float16, device=dev, seed=100 + i)) for i in range(a.calib_batches)]
     scales = oasr_ops.calibrate(qmodel, calib)
     n_int8 = sum(isinstance(m, oasr_ops.Fp8QuantLinear if fp8 else oasr_ops.QuantLinear) for m in qmodel.modules())
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
@@ -288,6 +297,25 @@ def main() -> int:
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
+    budget_variant = None
+    if a.error_budget is not None:
+        t0 = time.perf_counter()
+        plan = oasr_ops.error_budget_filter(copy.deepcopy(model), calib, a.quantization, a.error_budget,
+                                            filter_fn=flt, reference=calib_ref)
+        budget_s = time.perf_counter() - t0
+        bmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=plan)
+        oasr_ops.calibrate(bmodel, calib)
+        budget_variant = (f"{a.quantization.split('_')[0]}-fused-act-budget",
+                          (bmodel, oasr_backend, {"fuse_quantization": "act"}))
+        budget_info = {"max_error": a.error_budget, "layers": list(plan.layers),
+                       "candidates": len(plan.sensitivity.layers),
+                       "eager_error": plan.error, "baseline": plan.sensitivity.baseline,
+                       "measured": {str(k): v for k, v in plan.measured.items()},
+                       "sensitivity": plan.sensitivity.layers, "seconds": budget_s}
+        print(f"error budget {a.error_budget}: {plan.summary()} ({budget_s:.1f}s)\n"
+              f"{plan.sensitivity.table(top=10)}", flush=True)
+        if not fp8:
+            variants[budget_variant[0]] = budget_variant[1]
     for _m, _backend, opts in variants.values():  # only the -sib variants fuse siblings, whatever the default
         if "fuse_quantization" in opts:
             opts.setdefault("fuse_siblings", False)
@@ -298,6 +326,8 @@ def main() -> int:
         if a.with_unfused:
             variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
                                    {"fuse_quantization": False})
+        if budget_variant is not None:
+            variants[budget_variant[0]] = budget_variant[1]
     if a.only:
         keep = {"fp16", *a.only.split(",")}
         unknown = keep - set(variants)
@@ -309,6 +339,8 @@ def main() -> int:
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
                     "quantization": a.quantization, "recursive_dict_tags": a.recursive_dict_tags, "int8_conv2d": n_conv,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
+    if budget_variant is not None:
+        res["error_budget"] = budget_info
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             torch.compiler.reset()

@@ -22,6 +22,8 @@ from .families.scaled_mm_fp8.act_quant import scaled_mm_fp8_act_quant  # noqa: F
 from .inductor.fuse_quant import fusable_filter  # noqa: F401,E402
 from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantConv2d,  # noqa: F401,E402
                        QuantLinear, quantization_report, quantize_)
+from .sensitivity import (ErrorBudgetFilter, Sensitivity, error_budget_filter,  # noqa: F401,E402
+                          quantization_sensitivity)
 from .tuning import TuningConfig, UncoveredPointsError, prewarm, reload_tuning, tuning_report  # noqa: F401,E402
 from .tune.autotune import autotune  # noqa: F401,E402
 from .families.hot_path import disable as disable_cpp_hot_path, enable as enable_cpp_hot_path  # noqa: F401,E402

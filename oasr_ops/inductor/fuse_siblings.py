@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .quant_patterns import _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
+from .quant_patterns import _LINEARS, _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
 
 N_ALIGN = 8   # the int8 kernels write output rows 128 bits at a time (ops._check: N % 8)
 K_ALIGN = 16  # and read int8 operands 16 at a time (K % 16)
@@ -60,7 +60,6 @@ _ALIAS_METHODS = {"reshape", "view", "view_as", "reshape_as", "transpose", "perm
 _ALIAS_FUNCTIONS = {restore_rows, torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.narrow,
                     torch.split, torch.chunk, torch.unbind, torch.t, torch.squeeze, torch.unsqueeze, torch.select,
                     operator.getitem, torch.Tensor.contiguous}
-_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _VIEW_TO_RESHAPE = {"view": "reshape", "view_as": "reshape_as"}
 # what a weight / scale / bias may be computed by (from graph inputs and constants alone): slices of a
 # `QuantLinear`'s ``scales`` buffer, the in-graph weight quantization of ``options={"quantization": ...}``
