@@ -22,8 +22,9 @@ task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 
 greedy decoding (argmax per frame, repeats collapsed, blanks dropped): frame-argmax agreement with fp32 and the
 token error rate (edit distance / reference tokens). --error-budget E adds <scheme>-fused-act-budget: the fusable
 layers narrowed by `oasr_ops.error_budget_filter(..., E)` measured on the calibration batches against the fp32
-model's outputs (the least harmful layers whose joint eager error stays <= E), calibrated, fuse_quantization="act";
-the JSON's "error_budget" holds the chosen layers, the measured errors and the seconds it took. --profile N: the
+model's outputs (layers by budget spent per FLOP, as many as keep the joint eager error <= E), calibrated,
+fuse_quantization="act"; --with-error-order adds -budget-err (the layers by their own error alone); the JSON's
+"error_budget" holds each variant's layers, the measured errors and the seconds it took. --profile N: the
 top kernels of N calls of int8-fused without CUDA graphs (`e2e_conformer.profile`; --profile-fp16 adds fp16
 inductor). --device cpu runs the same logic once, untimed (a smoke test).
 """
@@ -198,6 +199,8 @@ def main() -> int:
                         "plus fp16 with --profile-fp16)")
     p.add_argument("--error-budget", type=float, default=None,
                    help="also time <scheme>-fused-act-budget: the fusable layers within this max error vs fp32")
+    p.add_argument("--with-error-order", action="store_true",
+                   help="with --error-budget: also <scheme>-fused-act-budget-err, the budget's layers by error alone")
     p.add_argument("--quantization", choices=("int8_w8a8", "fp8_w8a8"), default="int8_w8a8",
                    help="fp8_w8a8: time fp8-fused-act and fp8-fused (and fp8-all with --with-unfused) instead of the int8 variants")
     p.add_argument("--only", default=None,
@@ -297,25 +300,33 @@ def main() -> int:
     if a.with_unfused:
         variants["int8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8"), oasr_backend,
                                 {"fuse_quantization": False})
-    budget_variant = None
+    budget_variants: dict[str, tuple] = {}
     if a.error_budget is not None:
-        t0 = time.perf_counter()
-        plan = oasr_ops.error_budget_filter(copy.deepcopy(model), calib, a.quantization, a.error_budget,
-                                            filter_fn=flt, reference=calib_ref)
-        budget_s = time.perf_counter() - t0
-        bmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=plan)
-        oasr_ops.calibrate(bmodel, calib)
-        budget_variant = (f"{a.quantization.split('_')[0]}-fused-act-budget",
-                          (bmodel, oasr_backend, {"fuse_quantization": "act"}))
-        budget_info = {"max_error": a.error_budget, "layers": list(plan.layers),
-                       "candidates": len(plan.sensitivity.layers),
-                       "eager_error": plan.error, "baseline": plan.sensitivity.baseline,
-                       "measured": {str(k): v for k, v in plan.measured.items()},
-                       "sensitivity": plan.sensitivity.layers, "seconds": budget_s}
-        print(f"error budget {a.error_budget}: {plan.summary()} ({budget_s:.1f}s)\n"
-              f"{plan.sensitivity.table(top=10)}", flush=True)
+        res_budget: dict[str, dict] = {}
+        sens = None
+        # -budget: the default order (budget spent per FLOP); -budget-err (--with-error-order): by error alone
+        orders = {"budget": oasr_ops.sensitivity.weight_numel}
+        if a.with_error_order:
+            orders["budget-err"] = lambda module, fqn: 1.0
+        for suffix, gain in orders.items():
+            t0 = time.perf_counter()
+            plan = oasr_ops.error_budget_filter(copy.deepcopy(model), calib, a.quantization, a.error_budget,
+                                                filter_fn=flt, reference=calib_ref, gain=gain, sensitivity=sens)
+            secs = time.perf_counter() - t0  # the first includes the per-layer sensitivity, the others reuse it
+            sens = plan.sensitivity
+            bmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=plan)
+            oasr_ops.calibrate(bmodel, calib)
+            name = f"{a.quantization.split('_')[0]}-fused-act-{suffix}"
+            budget_variants[name] = (bmodel, oasr_backend, {"fuse_quantization": "act"})
+            res_budget[name] = {"max_error": a.error_budget, "layers": list(plan.layers),
+                                "candidates": len(plan.sensitivity.layers), "eager_error": plan.error,
+                                "baseline": plan.sensitivity.baseline,
+                                "measured": {str(k): v for k, v in plan.measured.items()}, "seconds": secs}
+            print(f"{name}: {plan.summary()} ({secs:.1f}s)", flush=True)
+        print(sens.table(top=10), flush=True)
+        budget_info = {"sensitivity": sens.layers, "variants": res_budget}
         if not fp8:
-            variants[budget_variant[0]] = budget_variant[1]
+            variants.update(budget_variants)
     for _m, _backend, opts in variants.values():  # only the -sib variants fuse siblings, whatever the default
         if "fuse_quantization" in opts:
             opts.setdefault("fuse_siblings", False)
@@ -326,8 +337,7 @@ def main() -> int:
         if a.with_unfused:
             variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
                                    {"fuse_quantization": False})
-        if budget_variant is not None:
-            variants[budget_variant[0]] = budget_variant[1]
+        variants.update(budget_variants)
     if a.only:
         keep = {"fp16", *a.only.split(",")}
         unknown = keep - set(variants)
@@ -339,7 +349,7 @@ def main() -> int:
                     "mode": mode, "rounds": a.rounds, "iters": a.iters, "int8_layers": n_int8, "linears": n_lin,
                     "quantization": a.quantization, "recursive_dict_tags": a.recursive_dict_tags, "int8_conv2d": n_conv,
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
-    if budget_variant is not None:
+    if budget_variants:
         res["error_budget"] = budget_info
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():

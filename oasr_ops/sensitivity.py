@@ -4,26 +4,35 @@
 quantize with `config` and `filter_fn`), runs the model on `batches` and records the output error of each
 single-layer model against a reference (the unquantized model's own outputs, or the outputs the caller passes:
 an fp32 model's, say). `error_budget_filter(model, batches, config, max_error)` turns that into a `quantize_`
-filter: the layers in ascending order of their own error, as many as the measured error of the *combined* model
-allows (largest prefix found by bisection, each candidate prefix measured, not summed), so
+filter: the layers in an order of "error per gain", as many as the measured error of the *combined* model allows
+(the largest prefix found by bisection, each candidate prefix measured, not summed), so
 ``quantize_(model, config, filter_fn=plan)`` quantizes exactly the layers whose joint error was measured.
+
+The order: uncorrelated per-layer errors add in quadrature (docs/perf/e2e.md measured it on both encoders), so a
+layer spends ``e_i^2 - e_0^2`` of the budget (e_0: the unquantized model's own error) and buys its GEMM's share of
+the time; a greedy knapsack takes the layers by ascending ``(e_i^2 - e_0^2) / gain_i``. Default gain: the weight's
+element count (the layer's FLOPs per token: in an encoder every Linear sees the same tokens); ``gain=lambda m,
+fqn: 1.0`` orders by error alone. A FLOP is not a measured speed-up: a layer whose input quantization cannot be
+fused (an fc2 whose fc1 stays fp16) pays a separate pass, so pass a speed filter (`fusable_filter`): the budget
+chooses among its layers and keeps each fc2 behind its fc1 (its ``requires``). Then measure the compiled model
+(docs/perf/e2e.md, session 27: on the Whisper-style encoder a budget ordered by error alone, without the pairs,
+chose layers that made it slower than fp16).
 
 Why: e4m3 keeps 3 mantissa bits, so an fp8 W8A8 encoder lands at 4.5-5e-2 max relative error where int8 lands at
 1-2e-2 (docs/perf/e2e.md); which layers carry that error is a property of the model and its data, which only a
-measurement on them answers. Speed is a separate question: pass a speed filter (`fusable_filter`) as `filter_fn`
-and the budget chooses among those layers.
+measurement on them answers.
 
 What is measured is the eager model: every quantized layer quantizes its input per token (dynamic). A compiled
 model whose fc1 -> activation -> fc2 sites use a calibrated static scale (``fuse_quantization``) differs a little:
-measure the compiled model's error once more (docs/perf/e2e.md does). Cost: one pass over `batches` per candidate
-layer, plus about log2(layers) + 1 passes for the budget; the quantized copy of every candidate layer is held
-while it runs (int8/e4m3 weights: half the size of fp16 ones).
+measure the compiled model's error once more. Cost: one pass over `batches` per candidate layer, plus about
+log2(layers) + 1 passes for the budget; the quantized copy of every candidate layer is held while it runs
+(int8/e4m3 weights: half the size of fp16 ones).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +43,12 @@ from .families.scaled_mm.quantize import swaps
 from .quantize import FilterFn, quantize_
 
 ErrorFn = Callable[[Any, Any], float]
+GainFn = Callable[[nn.Module, str], float]
+
+
+def weight_numel(module: nn.Module, fqn: str) -> float:
+    """The default gain of quantizing a layer: its weight's element count (its GEMM's FLOPs per token)."""
+    return float(module.weight.numel())
 
 
 def max_relative_error(out: Any, ref: Any) -> float:
@@ -77,9 +92,9 @@ class Sensitivity:
 
 @dataclass(frozen=True)
 class ErrorBudgetFilter:
-    """A `quantize_` filter_fn (``plan(module, fqn) -> bool``) choosing `layers`, with what was measured:
-    `error` is the model's error with exactly those layers quantized (<= `max_error` on the batches it ran),
-    `sensitivity` the per-layer errors it ranked them by."""
+    """A `quantize_` filter_fn (``plan(module, fqn) -> bool``) choosing `layers` (in the order they were taken),
+    with what was measured: `error` is the model's error with exactly those layers quantized (<= `max_error` on
+    the batches it ran), `sensitivity` the per-layer errors it ordered them by."""
 
     layers: tuple[str, ...]
     error: float
@@ -199,18 +214,59 @@ def quantization_sensitivity(model: nn.Module, batches: Iterable[Any], config: A
     return _measure(swapper, model, batch_list, ref, forward, error_fn)
 
 
+def _knapsack_order(sens: Sensitivity, layers: dict[str, nn.Module], gain: GainFn, max_error: float) -> list[str]:
+    """The candidates (fqn -> original layer) within `max_error` alone, by ascending budget spent per gain:
+    ``(e_i^2 - e_0^2) / gain_i`` (ties: module order)."""
+    cost: dict[str, float] = {}
+    for fqn, err in sens.layers.items():
+        if fqn not in layers or not err <= max_error:  # NaN: never
+            continue
+        g = gain(layers[fqn], fqn)
+        if not (isinstance(g, (int, float)) and math.isfinite(g) and g > 0):
+            raise ValueError(f"error_budget_filter: gain({fqn!r}) must be a positive number, got {g!r}")
+        cost[fqn] = max(err * err - sens.baseline * sens.baseline, 0.0) / g
+    return sorted(cost, key=cost.__getitem__)
+
+
+def _after_prerequisites(order: list[str], requires: dict[str, str]) -> list[str]:
+    """`order` with each layer's prerequisite (``requires[fqn]``) moved just before it; a layer whose prerequisite
+    is not in `order` (or a cycle) is dropped."""
+    allowed, out, placed = set(order), [], set()
+
+    def place(fqn: str, chain: frozenset[str]) -> bool:
+        if fqn in placed:
+            return True
+        pre = requires.get(fqn)
+        if pre is not None and (pre not in allowed or pre in chain or not place(pre, chain | {fqn})):
+            return False
+        out.append(fqn)
+        placed.add(fqn)
+        return True
+
+    for fqn in order:
+        place(fqn, frozenset())
+    return out
+
+
 def error_budget_filter(model: nn.Module, batches: Iterable[Any], config: Any, max_error: float, *,
                         filter_fn: FilterFn | None = None,
                         forward: Callable[[nn.Module, Any], Any] | None = None,
                         reference: Sequence[Any] | None = None,
                         error_fn: ErrorFn = max_relative_error,
+                        gain: GainFn = weight_numel,
+                        requires: Mapping[str, str] | None = None,
                         sensitivity: Sensitivity | None = None) -> ErrorBudgetFilter:
-    """A `quantize_` filter_fn: the largest set of least-harmful layers whose combined error on `batches` is
-    within `max_error` (module docstring; arguments as `quantization_sensitivity`, whose result can be passed as
-    `sensitivity` to skip that measurement). The combined error is measured for every prefix the bisection tries;
-    it assumes the error grows with the prefix (it usually does; where it does not, a larger set may also fit:
-    the answer is a measured fit, not the optimum). ValueError when `max_error` is not a positive number, or when
-    the unquantized model's own error (against `reference`) already exceeds it. Every layer swapped back."""
+    """A `quantize_` filter_fn: the longest prefix of the layers ordered by ``(e_i^2 - e_0^2) / gain(layer, fqn)``
+    whose combined error on `batches` is within `max_error` (module docstring; the other arguments as
+    `quantization_sensitivity`, whose result can be passed as `sensitivity` to skip that measurement). A layer
+    whose own error exceeds `max_error` is never taken. `requires` (fqn -> fqn; default: `filter_fn.requires`
+    when the filter has one, as `fusable_filter`'s does) makes a layer follow the one it is fusable only with: an
+    fc2 is taken with its fc1 placed just before it, and not at all when its fc1 is not a candidate (an fc2 alone
+    pays a separate quantization pass of the hidden). The combined error is measured for every prefix the
+    bisection tries; it assumes the error grows with the prefix (it usually does; where it does not, a longer
+    prefix may also fit: the answer is a measured fit, not the optimum). ValueError when `max_error` is not a
+    positive number, when a gain is not a positive number, or when the unquantized model's own error (against
+    `reference`) already exceeds `max_error`. Every layer swapped back."""
     if not (isinstance(max_error, (int, float)) and math.isfinite(max_error) and max_error > 0):
         raise ValueError(f"error_budget_filter: max_error must be a positive number, got {max_error!r}")
     batch_list = _check_args(batches, reference, "error_budget_filter")
@@ -221,7 +277,10 @@ def error_budget_filter(model: nn.Module, batches: Iterable[Any], config: Any, m
     if not sens.baseline <= max_error:
         raise ValueError(f"error_budget_filter: the unquantized model's error is already {sens.baseline:.3e} > "
                          f"max_error {max_error:.3g} against this reference: no layer can be quantized")
-    order = [fqn for fqn, err in sens.ranked() if fqn in swapper.sites and err <= max_error]
+    order = _knapsack_order(sens, {fqn: site[2] for fqn, site in swapper.sites.items()}, gain, max_error)
+    deps = getattr(filter_fn, "requires", None) if requires is None else requires
+    if deps:
+        order = _after_prerequisites(order, dict(deps))
     measured: dict[int, float] = {0: sens.baseline}
 
     def fits(k: int) -> bool:
@@ -246,4 +305,4 @@ def error_budget_filter(model: nn.Module, batches: Iterable[Any], config: Any, m
 
 
 __all__ = ["ErrorBudgetFilter", "Sensitivity", "error_budget_filter", "max_relative_error",
-           "quantization_sensitivity"]
+           "quantization_sensitivity", "weight_numel"]

@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "oasr_ops": 6,              # oasr_ops/__init__.py only (exact match, see layer_of)
     "oasr_ops.tuning": 6,
     "oasr_ops.quantize": 6,
+    "oasr_ops.sensitivity": 6,  # per-layer quantization error and the error-budget filter (calls quantize_)
     "oasr_ops.cli": 6,
     "oasr_ops.__main__": 6,
 }

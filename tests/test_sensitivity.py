@@ -111,7 +111,8 @@ def test_budget_keeps_the_measured_prefix_within_the_error(config):
     ranked = [fqn for fqn, _ in sens.ranked()]
     everything = _independent_error(model, batches, config, ranked)
     budget = (max(sens.layers.values()) + everything) / 2 if everything > max(sens.layers.values()) else everything
-    plan = oasr_ops.error_budget_filter(model, batches, config, budget, sensitivity=sens)
+    plan = oasr_ops.error_budget_filter(model, batches, config, budget, sensitivity=sens,
+                                        gain=lambda module, fqn: 1.0)  # equal gains: by error alone
     assert plan.layers == tuple(ranked[:len(plan.layers)])
     # least harmful first: no layer left out did less harm on its own than one taken
     errs = [sens.layers[f] for f in ranked]
@@ -129,12 +130,37 @@ def test_budget_keeps_the_measured_prefix_within_the_error(config):
     assert plan.summary().startswith(f"{k} of 3 candidate layer(s)")
 
 
+def test_default_order_is_budget_spent_per_flop():
+    """By (e_i^2 - e_0^2) / weight numel (computed here independently); gain=1 gives the error order; a gain can
+    put any layer first."""
+    model, batches = _model(), _batches()
+    with torch.no_grad():
+        refs = [_model(seed=9)(b) * 1e-3 + model(b) for b in batches]  # a reference a little off: e_0 > 0
+    sens = oasr_ops.quantization_sensitivity(model, batches, "int8_w8a8", reference=refs)
+    assert 0 < sens.baseline < min(sens.layers.values())
+    numel = {n: model.get_submodule(n).weight.numel() for n in sens.layers}
+    assert numel == {"fc1": 8192, "fc2": 8192, "out": 2048}
+    expect = sorted(sens.layers, key=lambda n: (sens.layers[n] ** 2 - sens.baseline ** 2) / numel[n])
+    plan = oasr_ops.error_budget_filter(model, batches, "int8_w8a8", 1.0, reference=refs, sensitivity=sens)
+    assert plan.layers == tuple(expect)  # budget 1.0: every layer, in the order taken
+    by_error = oasr_ops.error_budget_filter(model, batches, "int8_w8a8", 1.0, reference=refs, sensitivity=sens,
+                                            gain=lambda m, fqn: 1.0)
+    assert by_error.layers == tuple(fqn for fqn, _ in sens.ranked())
+    # a gain that prefers one layer above all puts it first
+    first = oasr_ops.error_budget_filter(model, batches, "int8_w8a8", 1.0, reference=refs, sensitivity=sens,
+                                         gain=lambda m, fqn: 1e9 if fqn == expect[-1] else 1.0)
+    assert first.layers[0] == expect[-1]
+
+
 def test_budget_extremes():
     model, batches = _model(), _batches()
     sens = oasr_ops.quantization_sensitivity(model, batches, "int8_w8a8")
     none = oasr_ops.error_budget_filter(model, batches, "int8_w8a8", min(sens.layers.values()) / 2)
     assert none.layers == () and none.error == 0.0 and not none(model.fc1, "fc1")
     every = oasr_ops.error_budget_filter(model, batches, "int8_w8a8", 1.0)
+    with pytest.raises(ValueError, match=r"gain\('fc1'\) must be a positive number"):
+        oasr_ops.error_budget_filter(model, batches, "int8_w8a8", 1.0, sensitivity=sens,
+                                     gain=lambda m, fqn: 0.0 if fqn == "fc1" else 1.0)
     assert sorted(every.layers) == ["fc1", "fc2", "out"] and every(model.fc1, "fc1")
     assert every.measured.keys() == {0, 3}  # the whole set fit: no bisection
 
@@ -217,3 +243,37 @@ def test_output_structure_mismatch_is_a_clear_error():
     m = _model()
     with pytest.raises(ValueError, match="floating tensor"):
         oasr_ops.quantization_sensitivity(m, _batches(1), "int8_w8a8", reference=[(torch.zeros(1), torch.zeros(1))])
+
+
+def test_prerequisites_move_before_and_orphans_drop():
+    from oasr_ops.sensitivity import _after_prerequisites
+
+    assert _after_prerequisites(["fc2", "out", "fc1"], {"fc2": "fc1"}) == ["fc1", "fc2", "out"]
+    assert _after_prerequisites(["fc2", "out"], {"fc2": "fc1"}) == ["out"]  # fc1 not a candidate: fc2 dropped
+    assert _after_prerequisites(["a", "b", "c"], {"a": "b", "b": "a"}) == ["c"]  # a cycle: neither
+    assert _after_prerequisites(["c", "b", "a"], {"c": "b", "b": "a"}) == ["a", "b", "c"]  # a chain
+
+
+def test_fusable_filter_pairs_keep_fc2_behind_fc1():
+    """fusable_filter says fc2 needs fc1 (its input is quantized in fc1's epilogue); the budget reads that from
+    the filter: fc2 never comes without fc1, and not at all when fc1 is not a candidate."""
+    model, batches = _model(), _batches()
+    flt = oasr_ops.fusable_filter(copy.deepcopy(model), batches[0])
+    torch.compiler.reset()
+    assert flt.layers == {"fc1", "fc2"} and flt.requires == {"fc2": "fc1"}  # out's input is no LayerNorm's
+    assert flt(model.fc1, "fc1") and not flt(model.out, "out")
+    sens = oasr_ops.quantization_sensitivity(model, batches, "fp8_w8a8", filter_fn=flt)
+    plan = oasr_ops.error_budget_filter(model, batches, "fp8_w8a8", 1.0, filter_fn=flt, sensitivity=sens,
+                                        gain=lambda m, fqn: 1e9 if fqn == "fc2" else 1.0)  # fc2 first by gain
+    assert plan.layers == ("fc1", "fc2")
+    alone = oasr_ops.error_budget_filter(model, batches, "fp8_w8a8", 1.0, filter_fn=flt, sensitivity=sens,
+                                         requires={})  # an explicit empty table: no pairs
+    assert set(alone.layers) == {"fc1", "fc2"}
+    # fc1 over the budget on its own: fc2 is not taken either, though it fits alone
+    budget = (sens.layers["fc1"] + sens.layers["fc2"]) / 2
+    if sens.layers["fc2"] < budget < sens.layers["fc1"]:
+        assert oasr_ops.error_budget_filter(model, batches, "fp8_w8a8", budget, filter_fn=flt,
+                                            sensitivity=sens).layers == ()
+    no_fc1 = oasr_ops.error_budget_filter(model, batches, "fp8_w8a8", 1.0, requires=flt.requires,
+                                          filter_fn=lambda m, fqn: fqn != "fc1")
+    assert "fc2" not in no_fc1.layers and no_fc1.layers == ("out",)

@@ -213,23 +213,46 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     return rep
 
 
-def fusable_filter(model: torch.nn.Module, *args, **kwargs):
+@dataclass(frozen=True)
+class FusableLayers:
+    """`fusable_filter`'s answer, a `quantize_` filter_fn (``flt(module, fqn) -> bool``): `layers`, the fqns of
+    the layers whose input quantization the fusion pass absorbs, and `requires`, fqn -> the layer it is fusable
+    only with (an fc2 -> its fc1: fc2's input is quantized in fc1's epilogue, so an fc2 quantized without its fc1
+    pays a separate quantization pass). `oasr_ops.error_budget_filter` reads `requires` to keep such pairs
+    together."""
+
+    layers: frozenset[str]
+    requires: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, module: torch.nn.Module, fqn: str) -> bool:
+        return fqn in self.layers
+
+
+def fusable_filter(model: torch.nn.Module, *args, **kwargs) -> FusableLayers:
     """A `quantize_` filter_fn selecting the layers of `model` whose quantization the fusion pass absorbs
     (`fusable_linears`, without the calibration requirement: calibrate after `quantize_`; and the convs fed by a
-    direct-kernel conv + activation, `fuse_conv_quant.fusable_convs`). Traces `model(*args, **kwargs)` once with
-    Dynamo (no compilation)."""
+    direct-kernel conv + activation, `fuse_conv_quant.fusable_convs`), with the fc2 -> fc1 dependencies
+    (`FusableLayers`). Traces `model(*args, **kwargs)` once with Dynamo (no compilation)."""
     names = {id(m.weight): fqn for fqn, m in model.named_modules()
              if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
     found: set[str] = set()
+    requires: dict[str, str] = {}
 
     def capture(gm, example_inputs):
         value_of = graph_values(gm, example_inputs)
+        fqn_of = {}
         for node in fusable_linears(gm, value_of, require_calibration=False) + fusable_convs(gm):
             fqn = names.get(id(value_of.get(node.args[1])))
             if fqn is not None:
                 found.add(fqn)
+                fqn_of[node] = fqn
+        for node, fqn in fqn_of.items():  # an fc2: its input is act(fc1(...)), fc1 itself fusable
+            src = through_views(node.args[0])
+            producer = through_views(src.args[0]) if _activation(src) else None
+            if producer in fqn_of:
+                requires[fqn] = fqn_of[producer]
         return gm.forward
 
     with torch.no_grad():
         torch.compile(model, backend=capture)(*args, **kwargs)
-    return lambda module, fqn: fqn in found
+    return FusableLayers(frozenset(found), requires)
