@@ -31,6 +31,7 @@ log2(layers) + 1 passes for the budget; the quantized copy of every candidate la
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -58,7 +59,11 @@ def max_relative_error(out: Any, ref: Any) -> float:
     if len(outs) != len(refs) or not outs:
         raise ValueError(f"quantization_sensitivity: the model's output has {len(outs)} floating tensor(s), the "
                          f"reference {len(refs)}; they must match (and be at least one)")
-    diff = max(float((o.double() - r.double()).abs().max()) if o.numel() else 0.0 for o, r in zip(outs, refs))
+    if any(o.shape != r.shape for o, r in zip(outs, refs)):
+        raise ValueError("quantization_sensitivity: the model's output and the reference differ in shape: "
+                         f"{[tuple(o.shape) for o in outs]} vs {[tuple(r.shape) for r in refs]}")
+    diff = max(float((o.double() - r.to(o.device).double()).abs().max()) if o.numel() else 0.0
+               for o, r in zip(outs, refs))
     scale = max(float(r.double().abs().max()) if r.numel() else 0.0 for r in refs)
     if not math.isfinite(diff):
         return math.nan
@@ -138,7 +143,12 @@ class _Swapper:
             setattr(parent, name, q if fqn in on else child)
 
 
-def _check_args(batches: Iterable[Any], reference: Sequence[Any] | None, who: str) -> list[Any]:
+def _check_args(model: nn.Module, batches: Iterable[Any], reference: Sequence[Any] | None, who: str) -> list[Any]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{who}: model must be a torch.nn.Module, got {type(model).__name__}")
+    if model.training:  # dropout would make every measured error a random draw
+        warnings.warn(f"{who}: the model is in training mode (dropout makes each measured error random); call "
+                      "model.eval() first", stacklevel=3)
     batch_list = list(batches)
     if not batch_list:
         raise ValueError(f"{who}: no batches (pass a list of representative model inputs)")
@@ -207,7 +217,7 @@ def quantization_sensitivity(model: nn.Module, batches: Iterable[Any], config: A
     model's outputs). `error_fn(out, ref) -> float`: default `max_relative_error`. The model is left as it came
     (each layer is swapped back, also on an exception); a `torch.compile`d model is measured through the module it
     wraps. ValueError when no batch is given or `reference` does not match the batches."""
-    batch_list = _check_args(batches, reference, "quantization_sensitivity")
+    batch_list = _check_args(model, batches, reference, "quantization_sensitivity")
     model = _eager_module(model)
     swapper = _Swapper(model, config, filter_fn)
     ref = _reference(model, batch_list, reference, forward)
@@ -269,7 +279,7 @@ def error_budget_filter(model: nn.Module, batches: Iterable[Any], config: Any, m
     `reference`) already exceeds `max_error`. Every layer swapped back."""
     if not (isinstance(max_error, (int, float)) and math.isfinite(max_error) and max_error > 0):
         raise ValueError(f"error_budget_filter: max_error must be a positive number, got {max_error!r}")
-    batch_list = _check_args(batches, reference, "error_budget_filter")
+    batch_list = _check_args(model, batches, reference, "error_budget_filter")
     model = _eager_module(model)
     swapper = _Swapper(model, config, filter_fn)
     ref = _reference(model, batch_list, reference, forward)

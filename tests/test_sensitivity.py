@@ -277,3 +277,17 @@ def test_fusable_filter_pairs_keep_fc2_behind_fc1():
     no_fc1 = oasr_ops.error_budget_filter(model, batches, "fp8_w8a8", 1.0, requires=flt.requires,
                                           filter_fn=lambda m, fqn: fqn != "fc1")
     assert "fc2" not in no_fc1.layers and no_fc1.layers == ("out",)
+
+
+def test_training_mode_warns_and_bad_arguments_are_named():
+    model, batches = _model(), _batches(1)
+    model.train()
+    with pytest.warns(UserWarning, match="training mode"):
+        oasr_ops.quantization_sensitivity(model, batches, "int8_w8a8")
+    model.eval()
+    with pytest.raises(ValueError, match="differ in shape"):
+        oasr_ops.quantization_sensitivity(model, batches, "int8_w8a8", reference=[torch.zeros(3)])
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        oasr_ops.quantization_sensitivity(lambda x: x, batches, "int8_w8a8")
+    with pytest.raises(ValueError, match="unknown scheme"):
+        oasr_ops.quantization_sensitivity(model, batches, "int4")
