@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree
 
-from .families.scaled_mm.calibrate import _eager_module
+from .families.scaled_mm.calibrate import _eager_module, run_batch
 from .families.scaled_mm.quantize import swaps
 from .quantize import FilterFn, quantize_
 
@@ -148,7 +148,7 @@ def _check_args(model: nn.Module, batches: Iterable[Any], reference: Sequence[An
         raise TypeError(f"{who}: model must be a torch.nn.Module, got {type(model).__name__}")
     if model.training:  # dropout would make every measured error a random draw
         warnings.warn(f"{who}: the model is in training mode (dropout makes each measured error random); call "
-                      "model.eval() first", stacklevel=3)
+                      "model.eval() first", stacklevel=4)
     batch_list = list(batches)
     if not batch_list:
         raise ValueError(f"{who}: no batches (pass a list of representative model inputs)")
@@ -158,23 +158,13 @@ def _check_args(model: nn.Module, batches: Iterable[Any], reference: Sequence[An
     return batch_list
 
 
-def _run(model: nn.Module, batch: Any, forward: Callable[[nn.Module, Any], Any] | None) -> Any:
-    if forward is not None:
-        return forward(model, batch)
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
-
-
 def _error(model: nn.Module, batches: list[Any], reference: Sequence[Any],
            forward: Callable[[nn.Module, Any], Any] | None, error_fn: ErrorFn) -> float:
     """The worst error over the batches (NaN if any is NaN)."""
     worst = 0.0
     with torch.no_grad():
         for b, ref in zip(batches, reference):
-            e = float(error_fn(_run(model, b, forward), ref))
+            e = float(error_fn(run_batch(model, b, forward), ref))
             if math.isnan(e):
                 return math.nan
             worst = max(worst, e)
@@ -187,7 +177,17 @@ def _reference(model: nn.Module, batches: list[Any], reference: Sequence[Any] | 
         return reference
     with torch.no_grad():
         return [_pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t,
-                                 _run(model, b, forward)) for b in batches]
+                                 run_batch(model, b, forward)) for b in batches]
+
+
+def _prepare(model: nn.Module, batches: Iterable[Any], config: Any, filter_fn: FilterFn | None,
+             forward: Callable[[nn.Module, Any], Any] | None, reference: Sequence[Any] | None,
+             who: str) -> tuple[nn.Module, list[Any], _Swapper, Sequence[Any]]:
+    """Both entry points' start: the arguments checked, the eager module, its candidates, the reference outputs."""
+    batch_list = _check_args(model, batches, reference, who)
+    model = _eager_module(model)
+    swapper = _Swapper(model, config, filter_fn)
+    return model, batch_list, swapper, _reference(model, batch_list, reference, forward)
 
 
 def _measure(swapper: _Swapper, model: nn.Module, batches: list[Any], reference: Sequence[Any],
@@ -217,10 +217,8 @@ def quantization_sensitivity(model: nn.Module, batches: Iterable[Any], config: A
     model's outputs). `error_fn(out, ref) -> float`: default `max_relative_error`. The model is left as it came
     (each layer is swapped back, also on an exception); a `torch.compile`d model is measured through the module it
     wraps. ValueError when no batch is given or `reference` does not match the batches."""
-    batch_list = _check_args(model, batches, reference, "quantization_sensitivity")
-    model = _eager_module(model)
-    swapper = _Swapper(model, config, filter_fn)
-    ref = _reference(model, batch_list, reference, forward)
+    model, batch_list, swapper, ref = _prepare(model, batches, config, filter_fn, forward, reference,
+                                               "quantization_sensitivity")
     return _measure(swapper, model, batch_list, ref, forward, error_fn)
 
 
@@ -279,10 +277,8 @@ def error_budget_filter(model: nn.Module, batches: Iterable[Any], config: Any, m
     `reference`) already exceeds `max_error`. Every layer swapped back."""
     if not (isinstance(max_error, (int, float)) and math.isfinite(max_error) and max_error > 0):
         raise ValueError(f"error_budget_filter: max_error must be a positive number, got {max_error!r}")
-    batch_list = _check_args(model, batches, reference, "error_budget_filter")
-    model = _eager_module(model)
-    swapper = _Swapper(model, config, filter_fn)
-    ref = _reference(model, batch_list, reference, forward)
+    model, batch_list, swapper, ref = _prepare(model, batches, config, filter_fn, forward, reference,
+                                               "error_budget_filter")
     sens = sensitivity if sensitivity is not None else _measure(swapper, model, batch_list, ref, forward, error_fn)
     if not sens.baseline <= max_error:
         raise ValueError(f"error_budget_filter: the unquantized model's error is already {sens.baseline:.3e} > "

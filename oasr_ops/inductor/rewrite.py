@@ -64,20 +64,13 @@ def pass_runs() -> int:
     return getattr(_LOCAL, "runs", 0)
 
 
-def _hint(x: Any) -> Any:
-    if isinstance(x, torch.SymInt):
-        h = x.node.hint
-        return int(h) if h is not None else int(x.node.shape_env.size_hint(x.node.expr))
-    return x
-
-
 def record_cache_hit(gm: Any, example_inputs: list[Any], arch: str | None = None, eager: bool = False) -> None:
     """The backend compiled `gm` without running the pass (an FX/AOT cache hit): keep what re-deriving its sites
     needs — the graph module and its inputs' shapes (not the tensors: no weights are held)."""
     from ..runtime import database
+    from ..tune.census import describe_inputs
 
-    args = [(tuple(_hint(s) for s in x.shape), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
-            else _hint(x) for x in example_inputs]
+    args = describe_inputs(example_inputs)
     with _LOG_LOCK:
         pending = [h for h in _HITS if h.result is None]
         if len(pending) >= _MAX_PENDING:
@@ -103,6 +96,8 @@ def _replay(hit: _CacheHit) -> RewriteResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from ..tune.census import meta_stand_in
+
     got: list[RewriteResult] = []
 
     def replayed(graph: torch.fx.Graph) -> None:
@@ -113,11 +108,9 @@ def _replay(hit: _CacheHit) -> RewriteResult:
     args = []
     for a in hit.args:
         if isinstance(a, tuple):
-            shape, dtype, device, requires_grad = a
-            f = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad),
-                                 static_shapes=True)
-            f.fake_device = torch.device(device)
-            a = f
+            meta, device = meta_stand_in(a)
+            a = mode.from_tensor(meta, static_shapes=True)
+            a.fake_device = device
         args.append(a)
     try:
         # freezing off: it would constant-fold the fake parameters; the sites are the same with it (the rewrite

@@ -115,6 +115,35 @@ class _Trace:
         return out
 
 
+def size_hint(x: Any) -> Any:
+    """A symbolic size at its hint (an int); anything else as it is."""
+    import torch
+
+    if isinstance(x, torch.SymInt):
+        h = x.node.hint
+        return int(h) if h is not None else int(x.node.shape_env.size_hint(x.node.expr))
+    return x
+
+
+def describe_inputs(example_inputs: Sequence[Any]) -> list[Any]:
+    """A graph's example inputs as `trace_sites` takes them without holding any tensor: (shape at its hints, dtype,
+    device, requires_grad) per tensor, the hint of every other value (the backend's cache-hit record, prewarm)."""
+    import torch
+
+    return [(tuple(size_hint(s) for s in x.shape), x.dtype, x.device, x.requires_grad)
+            if isinstance(x, torch.Tensor) else size_hint(x) for x in example_inputs]
+
+
+def meta_stand_in(desc: tuple) -> tuple[Any, Any]:
+    """(a meta tensor, the device it stands for) for one `describe_inputs` tuple: (shape, dtype, device[,
+    requires_grad]). requires_grad matters: matmul folds a transposed 3-D input into an mm (a GEMM site) when the
+    weight requires grad, as a parameter does even under no_grad, and keeps it a bmm when not."""
+    import torch
+
+    shape, dtype, device, *grad = desc
+    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=bool(grad and grad[0])), torch.device(device)
+
+
 def _decomps() -> dict:
     from torch._inductor.decomposition import select_decomp_table
 
@@ -125,9 +154,8 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
                 *, bake: bool = False, arch: str | None = None, eager: bool = False) -> tuple[Any, Any, list[Any]]:
     """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's rewrite.
 
-    ``tensor_args``: tensors (real or meta) or (shape, dtype, device[, requires_grad]) tuples (a parameter's
-    requires_grad changes the graph: matmul folds a transposed 3-D input into an mm, a GEMM site, when the weight
-    requires grad, as a parameter does even under no_grad, and keeps it a bmm when not). ``dynamic``: arg index -> dims
+    ``tensor_args``: tensors (real or meta) or (shape, dtype, device[, requires_grad]) tuples (`meta_stand_in`:
+    why requires_grad matters). ``dynamic``: arg index -> dims
     made symbolic (sizes 0/1 stay static). ``bake``: resolve configs as the backend's pass does (the tuning
     report re-deriving a cache-hit graph); the census keeps ``False``. ``eager``: bake as for a graph run without
     CUDA graphs. Returns (RewriteResult, shape_env, fake args).
@@ -144,9 +172,7 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     fakes = []
     for i, t in enumerate(tensor_args):
         if not isinstance(t, torch.Tensor):
-            shape, dtype, device, *grad = t  # requires_grad matters: matmul folds a transposed input by it
-            t = torch.empty(shape, dtype=dtype, device="meta", requires_grad=bool(grad and grad[0]))
-            real_device = torch.device(device)
+            t, real_device = meta_stand_in(t)
         else:
             real_device = t.device
         dyn_dims = set((dynamic or {}).get(i, []))

@@ -107,19 +107,11 @@ def points_for_model(model: Any, example_inputs: Sequence[Any]) -> list[Point]:
 
 def points_for_graph(gm: Any, example_inputs: Sequence[Any]) -> list[Point]:
     """The same for a Dynamo graph (the backend's hook); symbolic sizes are taken at their hints."""
-    import torch
+    from .census import describe_inputs, trace_sites
 
-    from .census import trace_sites
-
-    args = []
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            shape = tuple(_hint(s) for s in x.shape)
-            args.append((shape, x.dtype, x.device, x.requires_grad))
-        else:
-            args.append(x)
+    args = describe_inputs(example_inputs)
     tensor_idx = [i for i, a in enumerate(args) if isinstance(a, tuple)]
-    scalars = {i: _hint(a) for i, a in enumerate(args) if not isinstance(a, tuple)}
+    scalars = {i: a for i, a in enumerate(args) if not isinstance(a, tuple)}
 
     def fn(*tensors: Any) -> Any:
         full, it = [], iter(tensors)
@@ -129,15 +121,6 @@ def points_for_graph(gm: Any, example_inputs: Sequence[Any]) -> list[Point]:
 
     res, _env, _f = trace_sites(fn, [args[i] for i in tensor_idx])
     return _points_from_sites(res.sites)
-
-
-def _hint(x: Any) -> Any:
-    import torch
-
-    if isinstance(x, torch.SymInt):
-        h = x.node.hint
-        return int(h) if h is not None else int(x.node.shape_env.size_hint(x.node.expr))
-    return x
 
 
 # ---------------------------------------------------------------------------------------------------- coverage

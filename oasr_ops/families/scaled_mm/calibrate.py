@@ -92,6 +92,18 @@ def _eager_module(model: nn.Module) -> nn.Module:
     return model._orig_mod if isinstance(model, OptimizedModule) else model
 
 
+def run_batch(model: nn.Module, batch: Any, forward: Callable[[nn.Module, Any], Any] | None = None) -> Any:
+    """One batch through `model` as `calibrate` documents: ``forward(model, b)`` when given, else ``model(**b)`` for
+    a dict, ``model(*b)`` for a tuple/list, ``model(b)`` otherwise."""
+    if forward is not None:
+        return forward(model, batch)
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
 def _observe(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None,
              layers: list[tuple[str, nn.Module]], record: Callable[[str, torch.Tensor], None]) -> int:
     """Run `model` eagerly (no_grad) on every batch (as `calibrate` documents), calling ``record(fqn, input)`` with
@@ -109,14 +121,7 @@ def _observe(model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Mod
         with torch.no_grad():
             for b in batches:
                 seen += 1
-                if forward is not None:
-                    forward(model, b)
-                elif isinstance(b, dict):
-                    model(**b)
-                elif isinstance(b, (tuple, list)):
-                    model(*b)
-                else:
-                    model(b)
+                run_batch(model, b, forward)
     finally:
         for h in hooks:
             h.remove()
