@@ -2,7 +2,9 @@
 12 heads, FFN 3072) over precomputed frame features: the model a user gets from `nn.TransformerEncoder`, for
 `benchmarks/e2e_compare.py --model benchmarks.stock_transformer:build_model --inputs
 benchmarks.stock_transformer:example_inputs`. In eval under no_grad each layer runs PyTorch's fused fast path
-(`torch._transformer_encoder_layer_fwd`) unless `torch.backends.mha.set_fastpath_enabled(False)`."""
+(`torch._transformer_encoder_layer_fwd`) unless `torch.backends.mha.set_fastpath_enabled(False)`; a `quantize_`d
+copy leaves it by itself (`benchmarks/e2e_int8_fused.py --model benchmarks.stock_transformer:build_model`, device
+step `e2e-stock-transformer-int8-q`)."""
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from torch import nn
 
 from .families.conv2d_activation.quantize import QuantConv2d, quantize_convs  # noqa: F401  (public names)
+from .families.quantization import quantize_with_attention
 from .families.scaled_mm.qconfig import SCHEMES as _SCHEME_TYPES
 from .families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_module,  # noqa: F401  (public names)
@@ -54,7 +55,7 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
     if handler is None:
         raise TypeError(f"quantize_: no handler for config type {type(cfg).__name__}; known: "
                         f"{', '.join(t.__name__ for t in _HANDLERS)} (register_quantize_handler adds one)")
-    return handler(model, cfg, filter_fn)
+    return quantize_with_attention(model, lambda m: handler(m, cfg, filter_fn), filter_fn)
 
 
 @register_quantize_handler(Int8W8A8Config)

@@ -596,31 +596,43 @@ def test_dtype_moves_of_a_quantized_model_keep_its_weights_and_scales(scheme):
 
 @pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_quantize_leaves_multihead_attention_out_proj_alone(scheme, dtype):
+def test_quantize_multihead_attention_through_its_linears(scheme, dtype):
     """nn.MultiheadAttention reads out_proj's weight instead of calling it: a swapped out_proj broke an fp32 model
-    (a 16-bit dequantized weight in an fp32 matmul) and ran in 16-bit in an fp16 one. torch marks it
-    NonDynamicallyQuantizableLinear; quantize_ leaves it, whatever filter_fn says; the model's other Linears are
-    quantized."""
+    (a 16-bit dequantized weight in an fp32 matmul) and ran in 16-bit in an fp16 one. quantize_ now converts the
+    module to LinearMultiheadAttention, whose projections it calls (both quantized, the model in its dtype, within
+    the scheme's accuracy); a module it cannot convert (add_zero_attn) keeps its NonDynamicallyQuantizableLinear
+    out_proj untouched, whatever filter_fn says."""
     torch.manual_seed(0)
 
     class Layer(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, **kw) -> None:
             super().__init__()
-            self.attn, self.fc = nn.MultiheadAttention(64, 4, batch_first=True), nn.Linear(64, 64)
+            self.attn, self.fc = nn.MultiheadAttention(64, 4, batch_first=True, **kw), nn.Linear(64, 64)
 
         def forward(self, x):
             return self.fc(self.attn(x, x, x, need_weights=False)[0])
 
+    quantized = ("QuantLinear", "Fp8QuantLinear")
     model = Layer().to(dtype).eval()
     x = torch.randn(2, 9, 64, dtype=dtype)
     with torch.no_grad():
         want = model.attn(x, x, x, need_weights=False)[0]
     quantize_(model, scheme, filter_fn=lambda m, fqn: True)
-    assert type(model.attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
-    assert type(model.fc).__name__ in ("QuantLinear", "Fp8QuantLinear")
+    assert type(model.attn.in_proj).__name__ in quantized and type(model.attn.out_proj).__name__ in quantized
+    assert type(model.fc).__name__ in quantized
     with torch.no_grad():
-        assert torch.equal(model.attn(x, x, x, need_weights=False)[0], want)
-        assert model(x).shape == (2, 9, 64)
+        got = model.attn(x, x, x, need_weights=False)[0]
+        assert got.dtype == dtype and model(x).shape == (2, 9, 64)
+    err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+    assert err < (3e-2 if scheme == "int8_w8a8" else 1.5e-1), err
+
+    kept = Layer(add_zero_attn=True).to(dtype).eval()
+    with torch.no_grad():
+        want = kept.attn(x, x, x, need_weights=False)[0]
+    quantize_(kept, scheme, filter_fn=lambda m, fqn: True)
+    assert type(kept.attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    with torch.no_grad():
+        assert torch.equal(kept.attn(x, x, x, need_weights=False)[0], want)
 
 
 def test_quantize_half_model_and_report(tiers):

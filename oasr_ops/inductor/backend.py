@@ -114,8 +114,9 @@ def _warn_fast_paths(gm: torch.fx.GraphModule) -> None:
                    "(one native op per layer): no oasr kernel serves its GEMMs and no quantization reaches them; it "
                    "runs as under Inductor. torch.backends.mha.set_fastpath_enabled(False) before compiling gives "
                    "the backend its Linears, but measured slower on the H200 (a Whisper-small-sized "
-                   "nn.TransformerEncoder: 0.89x of Inductor on the fast path in fp16, 0.86x with int8; "
-                   "docs/perf/e2e.md)")
+                   "nn.TransformerEncoder: 0.89x of Inductor on the fast path in fp16, 0.86x with int8 before "
+                   "the attention projections were quantized too; docs/perf/e2e.md). quantize_(model, ...) before "
+                   "compiling keeps the quantized layers off the fast path by itself")
 
 
 def _any_cuda(example_inputs: Sequence[Any]) -> bool:

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ..families.self_attention import convertible
+from .decompose_attention import decompose_attention
 from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
 from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
                              _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
@@ -235,10 +237,14 @@ def fusable_filter(model: torch.nn.Module, *args, **kwargs) -> FusableLayers:
     (`FusableLayers`). Traces `model(*args, **kwargs)` once with Dynamo (no compilation)."""
     names = {id(m.weight): fqn for fqn, m in model.named_modules()
              if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
+    # a stock nn.MultiheadAttention's packed in-projection: the Linear quantize_ makes of it (LinearMultiheadAttention)
+    names.update({id(m.in_proj_weight): f"{fqn}.in_proj" if fqn else "in_proj" for fqn, m in model.named_modules()
+                  if convertible(m)})
     found: set[str] = set()
     requires: dict[str, str] = {}
 
     def capture(gm, example_inputs):
+        decompose_attention(gm)
         value_of = graph_values(gm, example_inputs)
         fqn_of = {}
         for node in fusable_linears(gm, value_of, require_calibration=False) + fusable_convs(gm):
@@ -253,6 +259,12 @@ def fusable_filter(model: torch.nn.Module, *args, **kwargs) -> FusableLayers:
                 requires[fqn] = fqn_of[producer]
         return gm.forward
 
-    with torch.no_grad():
-        torch.compile(model, backend=capture)(*args, **kwargs)
+    # traced off PyTorch's fused transformer fast path: quantize_ keeps a quantized stock layer off it too
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=capture)(*args, **kwargs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
     return FusableLayers(frozenset(found), requires)

@@ -61,14 +61,20 @@ _SILU = {torch.nn.functional.silu, torch.ops.aten.silu, torch.ops.aten.silu.defa
 _VIEW_METHODS = {"reshape", "view", "contiguous"}
 
 
+_DROPOUTS = {torch.nn.functional.dropout, torch.dropout}
+
+
 def _is_view(n: torch.fx.Node) -> bool:
     if n.op == "call_method" and n.target in _VIEW_METHODS:
         return True
+    if n.op == "call_function" and n.target in _DROPOUTS:  # an identity in eval: `F.dropout(x, p, False)`
+        return _arg(n, 2, "training" if n.target is torch.nn.functional.dropout else "train", True) is False
     return n.op == "call_function" and n.target in (torch.reshape, restore_rows)
 
 
 def through_views(n):
-    """The producer of `n` looking through reshapes / views / contiguous (and `restore_rows`)."""
+    """The producer of `n` looking through reshapes / views / contiguous (and `restore_rows`), and eval-mode dropout
+    (`nn.TransformerEncoderLayer` puts one between its activation and linear2)."""
     while isinstance(n, torch.fx.Node) and _is_view(n):
         n = n.args[0]
     return n

@@ -36,6 +36,7 @@ from ..families.scaled_mm.quantize import quantize_weight
 from ..families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from ..runtime.plans import WarnOnce
+from .decompose_attention import decompose_attention
 from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 
@@ -150,6 +151,11 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     if ops is None:
         raise ValueError(f"options['quantization']: no in-graph rewrite for {type(cfg).__name__}; quantize the "
                          "model with quantize_() before compiling instead")
+    # nn.MultiheadAttention's call is one node: spelt out, its in- and out-projections are Linears here too
+    attention = decompose_attention(gm)
+    if attention.kept:
+        _WARN("attention-kept", f"options['quantization']: {len(attention.kept)} multi-head attention call(s) kept "
+              f"whole, their projections not quantized: {'; '.join(attention.kept[:3])}")
     value_of = graph_values(gm, example_inputs)
     positional_linears(gm)
     wanted = None
@@ -189,7 +195,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         _WARN("fp32", f"options['quantization']: {fp32} Linear layer(s) with float32 weights left unquantized (the "
               "in-graph rewrite quantizes fp16 / bf16 models: compile model.half() or .bfloat16(), or quantize_() "
               "the model first, which takes float32 layers too)")
-    if done:
+    if done or attention.decomposed:
         gm.graph.lint()
         gm.recompile()
     return done

@@ -1,0 +1,229 @@
+"""The self-attention `F.multi_head_attention_forward` computes, written as its parts: the packed in-projection
+(one Linear to 3E), `scaled_dot_product_attention`, the out-projection. Dynamo keeps `nn.MultiheadAttention`'s call
+(and every `nn.Transformer*Layer`'s off PyTorch's fast path) as one graph node, whose two Linears no pass sees:
+the quantization pass spells it out with these functions (`inductor/decompose_attention.py`) so its GEMMs are
+quantized like any Linear (docs/perf/e2e.md, session 26: a stock encoder quantized only its FFNs).
+
+The functions run on tensors and on `torch.fx.Proxy` alike (the graph pass calls them with proxies): every branch
+is on Python values — the masks' dtype and rank come in as `like` tensors (the traced example values)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..runtime.plans import WarnOnce
+
+
+def additive_mask(attn_mask: Any, key_padding_mask: Any, num_heads: int, dtype: torch.dtype, *,
+                  attn_mask_like: torch.Tensor | None = None, key_padding_mask_like: torch.Tensor | None = None
+                  ) -> Any:
+    """The float mask `F.multi_head_attention_forward` hands `scaled_dot_product_attention`, broadcastable to
+    [B, H, L, S], or None. Its rules: a bool mask is True where attention is *not* allowed (-inf, else 0); an
+    `attn_mask` is [L, S] or [B*H, L, S]; a `key_padding_mask` is [B, S]; both given: their sum. `*_like`: the
+    masks' example values where the masks are proxies (their dtype and rank decide the branches)."""
+    am_like = attn_mask if attn_mask_like is None else attn_mask_like
+    kpm_like = key_padding_mask if key_padding_mask_like is None else key_padding_mask_like
+
+    def as_float(mask: Any, like: torch.Tensor) -> Any:
+        if like.dtype == torch.bool:
+            return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+        return mask
+
+    mask = None
+    if attn_mask is not None:
+        mask = as_float(attn_mask, am_like)
+        # [L, S]: every batch and head; [B*H, L, S]: per batch and head
+        mask = mask[None, None] if am_like.dim() == 2 else mask.unflatten(0, (-1, num_heads))
+    if key_padding_mask is not None:
+        kpm = as_float(key_padding_mask, kpm_like)[:, None, None, :]  # [B, 1, 1, S]
+        mask = kpm if mask is None else mask + kpm
+    return mask
+
+
+def self_attention(x: Any, in_proj: Callable[[Any], Any], out_proj: Callable[[Any], Any], num_heads: int,
+                   mask: Any = None, batch_first: bool = False, dropout_p: float = 0.0) -> Any:
+    """Multi-head self-attention of `x` ([L, B, E], or [B, L, E] with `batch_first`), the output in x's layout.
+    `in_proj`: x -> [..., 3E] (q, k, v in that order, heads contiguous: `nn.MultiheadAttention.in_proj_weight`'s
+    layout); `out_proj`: [..., E] -> [..., E]; `mask`: `additive_mask`'s. The same arithmetic as
+    `F.multi_head_attention_forward` with need_weights=False."""
+    qkv = in_proj(x).unflatten(-1, (3, num_heads, -1))                          # [., ., 3, H, hd]
+    qkv = qkv.permute(2, 0, 3, 1, 4) if batch_first else qkv.permute(2, 1, 3, 0, 4)  # [3, B, H, L, hd]
+    o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask, dropout_p=dropout_p)
+    return out_proj(_merge_heads(o, batch_first))
+
+
+def _split_heads(t: torch.Tensor, num_heads: int, batch_first: bool) -> torch.Tensor:
+    """[L, B, E] / [B, L, E] -> [B, H, L, hd]."""
+    t = t.unflatten(-1, (num_heads, -1))
+    return t.transpose(1, 2) if batch_first else t.permute(1, 2, 0, 3)
+
+
+def _merge_heads(o: Any, batch_first: bool) -> Any:
+    """[B, H, L, hd] -> [B, L, E] / [L, B, E]."""
+    return (o.transpose(1, 2) if batch_first else o.permute(2, 0, 1, 3)).flatten(-2)
+
+
+_WARN = WarnOnce()
+
+
+class LinearMultiheadAttention(nn.Module):
+    """`nn.MultiheadAttention` with its projections as Linear children — `in_proj` ([3E, E]: q, k, v) and
+    `out_proj` — so `quantize_` swaps them like any Linear (the stock module multiplies its `in_proj_weight`
+    parameter inside `F.multi_head_attention_forward`: no Linear to swap). `from_module` shares the stock module's
+    parameters. The stock forward's arguments and results: masks, batch_first, unbatched input, need_weights
+    (averaged or per head), dropout in training. Self-attention without weights is one in-projection GEMM, SDPA
+    and the out-projection; a cross-attention call projects each input by its third of `in_proj` (a quantized
+    `in_proj` computes all three thirds for each input and keeps one: correct, more GEMM work, one warning).
+
+    `_qkv_same_embed_dim = False`: `nn.TransformerEncoderLayer` reads it before taking PyTorch's fused fast path,
+    which would multiply `in_proj_weight` itself; False keeps the layer on its Python path, through this module."""
+
+    _qkv_same_embed_dim = False
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 batch_first: bool = False, device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.head_dim = embed_dim // num_heads
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, device=device, dtype=dtype)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_module(cls, mha: nn.MultiheadAttention) -> "LinearMultiheadAttention":
+        """The same attention as `mha` (`convertible`), sharing its parameters."""
+        w = mha.in_proj_weight
+        m = cls(mha.embed_dim, mha.num_heads, mha.dropout, mha.in_proj_bias is not None, mha.batch_first,
+                device="meta", dtype=w.dtype)
+        m.in_proj.weight, m.out_proj.weight = w, mha.out_proj.weight
+        if mha.in_proj_bias is not None:
+            m.in_proj.bias = mha.in_proj_bias
+        m.out_proj.bias = mha.out_proj.bias
+        return m.train(mha.training)
+
+    @property
+    def in_proj_bias(self) -> torch.Tensor | None:  # read by nn.TransformerEncoderLayer's fast-path check
+        return getattr(self.in_proj, "bias", None)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if is_causal and attn_mask is None:  # what the stock module says; with its mask, the mask is used
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint")
+        batched = query.dim() == 3
+        if not batched:  # [L, E]: one sequence
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value)) if not (query is key is value) \
+                else (query.unsqueeze(1),) * 3
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+        bf = self.batch_first and batched
+        mask = additive_mask(attn_mask, key_padding_mask, self.num_heads, query.dtype)
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if query is key is value and not need_weights:
+            out = self_attention(query, self.in_proj, self.out_proj, self.num_heads, mask, bf, dropout_p)
+        else:
+            q, k, v = (_split_heads(t, self.num_heads, bf) for t in self._project(query, key, value))
+            if need_weights:  # F.multi_head_attention_forward's explicit path: the weights are returned
+                scores = (q * self.head_dim ** -0.5) @ k.transpose(-2, -1)
+                attn = torch.softmax(scores if mask is None else scores + mask, dim=-1)
+                attn = F.dropout(attn, dropout_p) if dropout_p > 0 else attn
+                o, weights = attn @ v, attn.mean(1) if average_attn_weights else attn
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            out = self.out_proj(_merge_heads(o, bf))
+        if not batched:
+            out = out.squeeze(1)
+            weights = None if weights is None else weights.squeeze(0)
+        return out, weights
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A stock `nn.MultiheadAttention`'s state dict loads too (``in_proj_weight`` / ``in_proj_bias`` and the
+        16-bit ``out_proj.weight``: a checkpoint saved before `quantize_` converted the module); a 16-bit weight
+        arriving at a quantized projection is quantized the way `quantize_` would (its config kept)."""
+        for old, new in (("in_proj_weight", "in_proj.weight"), ("in_proj_bias", "in_proj.bias")):
+            if prefix + old in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+        for name in ("in_proj", "out_proj"):
+            child, key = getattr(self, name), f"{prefix}{name}."
+            if key + "weight" not in state_dict or not hasattr(child, "weight_q"):
+                continue
+            w, b = state_dict.pop(key + "weight"), state_dict.pop(key + "bias", None)
+            plain = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta", dtype=w.dtype)
+            plain.weight = nn.Parameter(w, requires_grad=False)
+            if b is not None:
+                plain.bias = nn.Parameter(b, requires_grad=False)
+            fresh = type(child).from_linear(plain, child.config)
+            state_dict.update({key + k: v for k, v in fresh.state_dict().items()})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v: each input through its third of `in_proj` (the packed GEMM once for self-attention)."""
+        e = self.embed_dim
+        if query is key is value:
+            return tuple(self.in_proj(query).chunk(3, dim=-1))
+        if type(self.in_proj) is nn.Linear:  # 16-bit: project by the weight's thirds
+            w, b = self.in_proj.weight, self.in_proj.bias
+            return tuple(F.linear(t, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
+                         for i, t in enumerate((query, key, value)))
+        _WARN(type(self.in_proj), f"LinearMultiheadAttention: a cross-attention call through a quantized in_proj "
+              f"({type(self.in_proj).__name__}) computes all of q, k and v for each input and keeps one third "
+              "(correct, 2-3x the in-projection's GEMM work); exclude this module's in_proj with quantize_'s "
+              "filter_fn where that does not pay")
+        if key is value:
+            kv = self.in_proj(key)
+            return self.in_proj(query)[..., :e], kv[..., e:2 * e], kv[..., 2 * e:]
+        return self.in_proj(query)[..., :e], self.in_proj(key)[..., e:2 * e], self.in_proj(value)[..., 2 * e:]
+
+
+def convertible(module: nn.Module) -> bool:
+    """An `nn.MultiheadAttention` whose call `LinearMultiheadAttention` reproduces: a packed in-projection
+    (kdim = vdim = embed_dim), no bias_k / bias_v, no add_zero_attn."""
+    return (isinstance(module, nn.MultiheadAttention) and module._qkv_same_embed_dim
+            and module.in_proj_weight is not None and module.bias_k is None and module.bias_v is None
+            and not module.add_zero_attn)
+
+
+def convert_attention(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """`quantize_`'s first step: every `convertible` `nn.MultiheadAttention` of `model` whose projections
+    `filter_fn` wants (asked as ``filter_fn(linear, fqn + ".in_proj" | ".out_proj")``, the Linears the scheme's
+    swap then asks again) becomes a `LinearMultiheadAttention`, in place; `model` itself converted is returned.
+    Then `refuse_fast_paths`."""
+    def wants(conv: LinearMultiheadAttention, fqn: str) -> bool:
+        pre = f"{fqn}." if fqn else ""
+        return filter_fn is None or any(bool(filter_fn(lin, pre + name))
+                                        for name, lin in (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
+
+    if convertible(model):
+        conv = LinearMultiheadAttention.from_module(model)
+        return conv if wants(conv, "") else model
+    todo = []
+    for parent_name, parent in model.named_modules():
+        for name, child in parent.named_children():
+            if convertible(child):
+                conv = LinearMultiheadAttention.from_module(child)
+                fqn = f"{parent_name}.{name}" if parent_name else name
+                if wants(conv, fqn):
+                    todo.append((parent, name, conv))
+    for parent, name, conv in todo:  # decided first: a filter that raises leaves the model as it was
+        setattr(parent, name, conv)
+    return model
+
+
+def refuse_fast_paths(model: nn.Module) -> None:
+    """Keep every `nn.TransformerEncoderLayer` / `nn.TransformerEncoder` holding an oasr module (a quantized layer,
+    a `LinearMultiheadAttention`) off PyTorch's fused fast paths: those multiply the layers' ``.weight`` tensors
+    themselves — a quantized layer's dequantized 16-bit copy, so the model ran unquantized — or read
+    ``self_attn.in_proj_weight``. The layer's flag below is read only by its fast-path check."""
+    def ours(m: nn.Module) -> bool:
+        return any(type(s).__module__.startswith("oasr_ops.") for s in m.modules())
+
+    for m in model.modules():
+        if isinstance(m, nn.TransformerEncoderLayer) and ours(m):
+            m.activation_relu_or_gelu = 0
+        elif isinstance(m, nn.TransformerEncoder) and ours(m):
+            m.use_nested_tensor = False
