@@ -41,6 +41,7 @@ from torch.utils import _pytree
 
 from .families.scaled_mm.calibrate import _eager_module, run_batch
 from .families.scaled_mm.quantize import swaps
+from .families.self_attention import attention_conversions
 from .quantize import FilterFn, quantize_
 
 ErrorFn = Callable[[Any, Any], float]
@@ -121,6 +122,12 @@ class _Swapper:
 
     def __init__(self, model: nn.Module, config: Any, filter_fn: FilterFn | None) -> None:
         self.sites: dict[str, tuple[nn.Module, str, nn.Module, nn.Module]] = {}
+        # A stock nn.MultiheadAttention's projections are candidates under the names quantize_ gives them. quantize_
+        # converts the module (`LinearMultiheadAttention`) only when one of them is chosen, so `apply` installs
+        # the converted module exactly then: each measured model is the one quantize_ with that choice gives.
+        self._attention = attention_conversions(model, filter_fn)
+        for parent, name, _stock, conv in self._attention:
+            setattr(parent, name, conv)
 
         def wanted(m: nn.Module, fqn: str) -> bool:
             return isinstance(m, (nn.Linear, nn.Conv2d)) and (filter_fn is None or bool(filter_fn(m, fqn)))
@@ -135,12 +142,18 @@ class _Swapper:
             if q is not child:
                 prefix = parent_names[id(parent)]
                 self.sites[f"{prefix}.{name}" if prefix else name] = (parent, name, child, q)
+        self.apply(())  # every converted attention module back to the stock one until one of its layers is chosen
 
     def apply(self, chosen: Iterable[str]) -> None:
         """Quantize exactly the layers in `chosen`; every other candidate gets its original back."""
         on = set(chosen)
+        converted = set()
         for fqn, (parent, name, child, q) in self.sites.items():
             setattr(parent, name, q if fqn in on else child)
+            if fqn in on:
+                converted.add(id(parent))
+        for parent, name, stock, conv in self._attention:
+            setattr(parent, name, conv if id(conv) in converted else stock)
 
 
 def _check_args(model: nn.Module, batches: Iterable[Any], reference: Sequence[Any] | None, who: str) -> list[Any]:
@@ -186,8 +199,8 @@ def _prepare(model: nn.Module, batches: Iterable[Any], config: Any, filter_fn: F
     """Both entry points' start: the arguments checked, the eager module, its candidates, the reference outputs."""
     batch_list = _check_args(model, batches, reference, who)
     model = _eager_module(model)
-    swapper = _Swapper(model, config, filter_fn)
-    return model, batch_list, swapper, _reference(model, batch_list, reference, forward)
+    ref = _reference(model, batch_list, reference, forward)  # the model as it came (before any conversion)
+    return model, batch_list, _Swapper(model, config, filter_fn), ref
 
 
 def _measure(swapper: _Swapper, model: nn.Module, batches: list[Any], reference: Sequence[Any],

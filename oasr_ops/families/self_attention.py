@@ -188,28 +188,35 @@ def convertible(module: nn.Module) -> bool:
             and not module.add_zero_attn)
 
 
-def convert_attention(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
-    """`quantize_`'s first step: every `convertible` `nn.MultiheadAttention` of `model` whose projections
-    `filter_fn` wants (asked as ``filter_fn(linear, fqn + ".in_proj" | ".out_proj")``, the Linears the scheme's
-    swap then asks again) becomes a `LinearMultiheadAttention`, in place; `model` itself converted is returned.
-    Then `refuse_fast_paths`."""
+def attention_conversions(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None
+                          ) -> list[tuple[nn.Module, str, nn.Module, "LinearMultiheadAttention"]]:
+    """(parent, attribute, stock module, its `LinearMultiheadAttention`) for every `convertible` child module of
+    `model` whose projections `filter_fn` wants — asked as ``filter_fn(linear, fqn + ".in_proj" | ".out_proj")``,
+    the Linears a scheme's swap then asks again; nothing is replaced yet (a filter that raises changes nothing)."""
     def wants(conv: LinearMultiheadAttention, fqn: str) -> bool:
         pre = f"{fqn}." if fqn else ""
         return filter_fn is None or any(bool(filter_fn(lin, pre + name))
                                         for name, lin in (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
 
-    if convertible(model):
-        conv = LinearMultiheadAttention.from_module(model)
-        return conv if wants(conv, "") else model
-    todo = []
+    out = []
     for parent_name, parent in model.named_modules():
         for name, child in parent.named_children():
             if convertible(child):
                 conv = LinearMultiheadAttention.from_module(child)
-                fqn = f"{parent_name}.{name}" if parent_name else name
-                if wants(conv, fqn):
-                    todo.append((parent, name, conv))
-    for parent, name, conv in todo:  # decided first: a filter that raises leaves the model as it was
+                if wants(conv, f"{parent_name}.{name}" if parent_name else name):
+                    out.append((parent, name, child, conv))
+    return out
+
+
+def convert_attention(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """`quantize_`'s first step: the `attention_conversions` applied, in place (`model` itself, when it is a
+    convertible module whose projections `filter_fn` wants, is returned converted). Then `refuse_fast_paths`."""
+    if convertible(model):
+        conv = LinearMultiheadAttention.from_module(model)
+        wanted = filter_fn is None or any(bool(filter_fn(lin, name)) for name, lin in
+                                          (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
+        return conv if wanted else model
+    for parent, name, _stock, conv in attention_conversions(model, filter_fn):
         setattr(parent, name, conv)
     return model
 
