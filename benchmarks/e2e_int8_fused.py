@@ -221,6 +221,7 @@ def main() -> int:
         if not hasattr(torch._dynamo.config, "use_recursive_dict_tags_for_guards"):
             p.error(f"--recursive-dict-tags: torch {torch.__version__} has no use_recursive_dict_tags_for_guards")
         torch._dynamo.config.use_recursive_dict_tags_for_guards = True
+    from oasr_ops.families.self_attention import convertible
     from oasr_ops.inductor import fuse_quant
     from oasr_ops.inductor.backend import oasr_backend
     from oasr_ops.inductor.fuse_residual import residual_log
@@ -254,7 +255,8 @@ def main() -> int:
     qmodel = oasr_ops.quantize_(copy.deepcopy(model), a.quantization, filter_fn=flt)
     scales = oasr_ops.calibrate(qmodel, calib)
     n_int8 = sum(isinstance(m, oasr_ops.Fp8QuantLinear if fp8 else oasr_ops.QuantLinear) for m in qmodel.modules())
-    n_lin = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    # a stock nn.MultiheadAttention's packed in-projection is a Linear to quantize_ (LinearMultiheadAttention)
+    n_lin = sum(isinstance(m, torch.nn.Linear) + convertible(m) for m in model.modules())
     n_conv = sum(isinstance(m, oasr_ops.QuantConv2d) for m in qmodel.modules())
     print(f"int8 layers: {n_int8} of {n_lin} linears, {n_conv} conv2d; {len(scales)} calibrated "
           f"({time.perf_counter() - t0:.1f}s)", flush=True)
