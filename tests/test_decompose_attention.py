@@ -1,7 +1,8 @@
-"""`F.multi_head_attention_forward` spelt out as its parts in Dynamo's graph (inductor/decompose_attention.py), so
-`options={"quantization": ...}` reaches the Linears of a stock `nn.MultiheadAttention` / `nn.TransformerEncoderLayer`:
-the rewritten graph against eager PyTorch on fresh random inputs (masks of every documented form, both layouts),
-the calls it must leave whole and why, and the quantized stock encoder end to end through the backend."""
+"""`F.multi_head_attention_forward` and the fused encoder-layer fast path spelt out as their parts in Dynamo's graph
+(inductor/decompose_attention.py), so `options={"quantization": ...}` reaches the Linears of a stock
+`nn.MultiheadAttention` / `nn.TransformerEncoderLayer`: the rewritten graph against eager PyTorch on fresh random
+inputs (masks of every documented form, both layouts, the fast path's own output), the calls it must leave whole
+and why, and the quantized stock encoder end to end through the backend."""
 from __future__ import annotations
 
 import copy
@@ -139,6 +140,48 @@ def test_calls_left_whole_say_why(case, why):
         torch.testing.assert_close(got, want)
 
 
+# ---- PyTorch's fused encoder-layer fast path (torch._transformer_encoder_layer_fwd) ------------------------------
+
+@pytest.fixture
+def fast_path():
+    torch.backends.mha.set_fastpath_enabled(True)  # (the autouse fixture restores the setting)
+
+
+def _fast_layer(norm_first: bool, activation: str) -> nn.TransformerEncoderLayer:
+    torch.manual_seed(0)
+    return nn.TransformerEncoderLayer(E, H, 4 * E, batch_first=True, norm_first=norm_first,
+                                      activation=activation).eval()
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("mask", ["none", "kpm", "causal"])
+def test_fast_path_layer_spelt_out_matches_it(fast_path, norm_first, activation, mask):
+    layer, x = _fast_layer(norm_first, activation), _x(True)
+    kw = {"none": {}, "kpm": {"src_key_padding_mask": _masks("kpm_bool")["key_padding_mask"]},
+          "causal": {"src_mask": nn.Transformer.generate_square_subsequent_mask(L)}}[mask]
+    with torch.no_grad():
+        want = layer(x, **kw)  # the fused fast path, eagerly
+    got, rep = _capture(lambda t: layer(t, **kw), x)
+    assert [d.split(": ")[1] for d in rep.decomposed] == ["_transformer_encoder_layer_fwd"] and not rep.kept
+    assert torch._transformer_encoder_layer_fwd not in rep.targets
+    assert F.layer_norm in rep.targets and F.scaled_dot_product_attention in rep.targets
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_path_layer_with_another_float_mask_follows_the_documented_rule(fast_path):
+    """A float mask other than 0 / -inf: PyTorch's fast path computes something else (NaN here); the spelt-out
+    layer adds the mask, as the documented path (fast path off) does."""
+    layer, x = _fast_layer(True, "gelu"), _x(True)
+    m = torch.randn(L, L, generator=torch.Generator().manual_seed(4))
+    got, rep = _capture(lambda t: layer(t, src_mask=m), x)
+    assert [d.split(": ")[1] for d in rep.decomposed] == ["_transformer_encoder_layer_fwd"]
+    torch.backends.mha.set_fastpath_enabled(False)
+    with torch.no_grad():
+        want = layer(x, src_mask=m)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 # ---- through the backend: a stock encoder quantized in the graph ------------------------------------------------
 
 @pytest.fixture
@@ -187,6 +230,32 @@ def test_stock_encoder_quantized_in_graph_every_linear_and_fused(db_env, batch_f
     scale = ref.abs().max()
     err, bf16_err = float((got.float() - ref).abs().max() / scale), float((bf16.float() - ref).abs().max() / scale)
     assert err < 3e-2, (err, bf16_err)
+
+
+@pytest.mark.slow
+def test_fast_path_encoder_quantized_in_graph(db_env, fast_path, monkeypatch):
+    """`options={"quantization": ...}` on a batch-first stock encoder in eval under no_grad, PyTorch's fast path on:
+    each layer was one native op the pass could not reach (one warning, nothing quantized); spelt out, its four
+    Linears are int8 GEMMs and no fast-path warning is given."""
+    reports = []
+
+    def recording(gm):
+        reports.append(decompose_attention(gm))
+        return reports[-1]
+
+    monkeypatch.setattr(quantize_pass, "decompose_attention", recording)
+    enc = _encoder(True)
+    x = _x(True).to(torch.bfloat16)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ref = copy.deepcopy(enc).float()(x.float())
+        got = torch.compile(enc, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+    assert not [w for w in seen if "fast path" in str(w.message)]
+    assert [len(r.decomposed) for r in reports] == [2]
+    assert all(d.endswith(": _transformer_encoder_layer_fwd") for d in reports[0].decomposed)
+    shapes = sorted(s.signature.split("|", 2)[2] for s in rewrite.rewrite_log()[-1].sites if s.family == "scaled_mm")
+    assert shapes == sorted(2 * [f"N={n}|K={k}" for n, k in ((3 * E, E), (E, E), (4 * E, E), (E, 4 * E))])
+    assert float((got.float() - ref).abs().max() / ref.abs().max()) < 3e-2
 
 
 def test_kept_attention_warns_once_under_quantization(db_env, monkeypatch):

@@ -111,12 +111,12 @@ def _warn_fast_paths(gm: torch.fx.GraphModule) -> None:
     hit = sorted({mod for op, mod in _FAST_PATHS.items() if op in names})
     if hit:
         _warn_once("fast-path", f'backend="oasr": {" and ".join(hit)} ran on PyTorch\'s fused inference fast path '
-                   "(one native op per layer): no oasr kernel serves its GEMMs and no quantization reaches them; it "
-                   "runs as under Inductor. torch.backends.mha.set_fastpath_enabled(False) before compiling gives "
-                   "the backend its Linears, but measured slower on the H200 (a Whisper-small-sized "
-                   "nn.TransformerEncoder: 0.89x of Inductor on the fast path in fp16, 0.86x with int8 before "
-                   "the attention projections were quantized too; docs/perf/e2e.md). quantize_(model, ...) before "
-                   "compiling keeps the quantized layers off the fast path by itself")
+                   "(one native op per layer): no oasr kernel serves its GEMMs; it runs as under Inductor. "
+                   "torch.backends.mha.set_fastpath_enabled(False) before compiling gives the backend its Linears, "
+                   "but measured slower on the H200 in fp16 (a Whisper-small-sized nn.TransformerEncoder: 0.89x of "
+                   "Inductor on the fast path; docs/perf/e2e.md). Quantization leaves the fast path by itself: "
+                   "options={'quantization': ...} spells the layer out, quantize_(model, ...) keeps quantized "
+                   "layers off it")
 
 
 def _any_cuda(example_inputs: Sequence[Any]) -> bool:

@@ -12,7 +12,16 @@ Rewritten: self-attention (query, key and value one node) with the packed in-pro
 add_zero_attn / static k-v, no dropout (eval, or p = 0), and the attention weights unused (need_weights=False, or
 nobody reads them). `is_causal` with its `attn_mask`: the mask is used (the hint promises it is causal). A
 batch-first module's input transpose is looked through, so the in-projection reads the rows in place. Every other
-call stays one node, its reason in the report (and one warning from the quantization pass)."""
+call stays one node, its reason in the report (and one warning from the quantization pass).
+
+PyTorch's fused inference fast path for a whole `nn.TransformerEncoderLayer` (eval under no_grad, batch_first),
+`torch._transformer_encoder_layer_fwd`, is spelt out the same way when its mask is a float mask or none (the layer
+hands it its masks as 0 / -inf floats, `F._canonical_mask`): the LayerNorms (`F.layer_norm`), the attention as
+above, the residual adds, `linear -> relu | gelu -> linear`, in the layer's order (norm_first or not). The mask is
+added, as the documented (non-fast) path does; the fast path itself computes a float mask other than 0 / -inf
+differently (NaN on the CPU, torch 2.13). Under torch.compile `nn.MultiheadAttention` alone does not take its fast
+path (`_native_multi_head_attention`): its call is the `F.multi_head_attention_forward` above. Whether a quantized
+encoder beats the fast path it leaves is the model's to measure (docs/perf/e2e.md)."""
 from __future__ import annotations
 
 import inspect
@@ -32,7 +41,7 @@ _COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 @dataclass
 class AttentionReport:
-    decomposed: list[str] = field(default_factory=list)  # node names spelt out
+    decomposed: list[str] = field(default_factory=list)  # "node: op" of each call spelt out
     kept: list[str] = field(default_factory=list)        # "node: why it stayed one node"
 
 
@@ -68,7 +77,7 @@ def _why_kept(node: torch.fx.Node, a: dict) -> str | None:
         return "dropout in training mode"
     if a["is_causal"] is not False and a["attn_mask"] is None:
         return "is_causal without its attn_mask"
-    if a["need_weights"] is not False and _weights_read(node):
+    if _weights_read(node):  # (a need_weights=False call read whole is left alone too)
         return "the attention weights are read"
     e, h = a["embed_dim_to_check"], a["num_heads"]
     if not (isinstance(e, int) and isinstance(h, int)) or h <= 0 or e % h:
@@ -118,8 +127,98 @@ def _fill_example_values(nodes: list[torch.fx.Node], like: torch.Tensor) -> None
             n.meta["example_value"] = fn(*(args[1:] if n.op == "call_method" else args), **kwargs)
 
 
+_ENCODER_LAYER = torch._transformer_encoder_layer_fwd
+_ENCODER_LAYER_SCHEMA = torch.ops.aten._transformer_encoder_layer_fwd.default._schema
+
+
+def _schema_arguments(node: torch.fx.Node) -> dict | None:
+    """The fast-path op's arguments by name (defaults filled), or None when the call does not fit its schema."""
+    schema = _ENCODER_LAYER_SCHEMA
+    names = [a.name for a in schema.arguments]
+    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+        return None
+    out = dict(zip(names, node.args))
+    for arg in schema.arguments[len(node.args):]:
+        if arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+        else:
+            return None
+    return out
+
+
+def _fast_path_mask(mask, mask_type, proxy) -> tuple[object, str | None]:
+    """The fast path's merged mask as `scaled_dot_product_attention`'s additive mask: type 0 [L, S], type 1
+    (key padding) [B, S], type 2 [B, H, L, S]; (mask, None) or (None, why not)."""
+    if mask is None:
+        return None, None
+    v = _value(mask)
+    if v is None or not v.is_floating_point():
+        return None, "its mask is not a traced float (additive) mask"
+    shape = {0: 2, 1: 2, 2: 4}.get(mask_type)
+    if shape != v.dim():
+        return None, f"mask_type {mask_type!r} with a {v.dim()}-D mask"
+    m = proxy(mask)
+    return (m[None, None] if mask_type == 0 else m[:, None, None, :] if mask_type == 1 else m), None
+
+
+def _encoder_layer(a: dict, proxy) -> tuple[object | None, str | None]:
+    """`torch._transformer_encoder_layer_fwd`'s computation on proxies (the module docstring), or why not."""
+    mask, why = _fast_path_mask(a["mask"], a["mask_type"], proxy)
+    if why:
+        return None, why
+    e, h, eps = a["embed_dim"], a["num_heads"], a["eps"]
+    p = {k: proxy(a[k]) for k in ("qkv_weight", "qkv_bias", "proj_weight", "proj_bias", "norm_weight_1",
+                                  "norm_bias_1", "norm_weight_2", "norm_bias_2", "ffn_weight_1", "ffn_bias_1",
+                                  "ffn_weight_2", "ffn_bias_2")}
+    act = F.gelu if a["use_gelu"] else F.relu
+
+    def attention(t):
+        return self_attention(t, lambda u: F.linear(u, p["qkv_weight"], p["qkv_bias"]),
+                              lambda u: F.linear(u, p["proj_weight"], p["proj_bias"]), h, mask, batch_first=True)
+
+    def ffn(t):
+        return F.linear(act(F.linear(t, p["ffn_weight_1"], p["ffn_bias_1"])), p["ffn_weight_2"], p["ffn_bias_2"])
+
+    def norm(t, i):
+        return F.layer_norm(t, (e,), p[f"norm_weight_{i}"], p[f"norm_bias_{i}"], eps)
+
+    x = proxy(a["src"])
+    if a["norm_first"]:
+        x = x + attention(norm(x, 1))
+        return x + ffn(norm(x, 2)), None
+    x = norm(x + attention(x), 1)
+    return norm(x + ffn(x), 2), None
+
+
+def _decompose_fast_path(g: torch.fx.Graph, node: torch.fx.Node, proxy, rep: AttentionReport) -> None:
+    """One fast-path node spelt out in place, or its reason in `rep.kept`."""
+    a = _schema_arguments(node)
+    src = None if a is None else a["src"]
+    if a is None or _value(src) is None or _value(src).dim() != 3:
+        rep.kept.append(f"{node.name}: not a call on a traced 3-D input this pass understands")
+        return
+    if not (isinstance(a["embed_dim"], int) and isinstance(a["num_heads"], int)):
+        rep.kept.append(f"{node.name}: embed_dim / num_heads are not static")
+        return
+    known = set(g.nodes)
+    with g.inserting_before(node):
+        out, why = _encoder_layer(a, proxy)
+    if why:  # decided before anything was emitted
+        rep.kept.append(f"{node.name}: {why}")
+        return
+    new = [n for n in g.nodes if n not in known]
+    for n in new:
+        n.meta.update({k: node.meta[k] for k in _COPIED_META if k in node.meta})
+    _fill_example_values(new, _value(src))
+    node.replace_all_uses_with(out.node)
+    g.erase_node(node)
+    rep.decomposed.append(f"{node.name}: {node.target.__name__}")
+
+
 def decompose_attention(gm: torch.fx.GraphModule) -> AttentionReport:
-    """Rewrite `gm`'s qualifying `F.multi_head_attention_forward` calls in place (module docstring)."""
+    """Rewrite `gm`'s qualifying attention calls in place (module docstring)."""
     rep = AttentionReport()
     g = gm.graph
     tracer = GraphAppendingTracer(g)
@@ -128,6 +227,9 @@ def decompose_attention(gm: torch.fx.GraphModule) -> AttentionReport:
         return None if n is None else Proxy(n, tracer)
 
     for node in list(g.nodes):
+        if node.op == "call_function" and node.target is _ENCODER_LAYER:
+            _decompose_fast_path(g, node, proxy, rep)
+            continue
         if node.op != "call_function" or node.target not in _MHA:
             continue
         try:
@@ -169,7 +271,7 @@ def decompose_attention(gm: torch.fx.GraphModule) -> AttentionReport:
                 u.replace_all_uses_with(out)
             g.erase_node(u)
         g.erase_node(node)
-        rep.decomposed.append(node.name)
+        rep.decomposed.append(f"{node.name}: {node.target.__name__}")
     if rep.decomposed:
         g.lint()
         gm.recompile()
