@@ -1,8 +1,10 @@
 """The self-attention `F.multi_head_attention_forward` computes, written as its parts: the packed in-projection
-(one Linear to 3E), `scaled_dot_product_attention`, the out-projection. Dynamo keeps `nn.MultiheadAttention`'s call
-(and every `nn.Transformer*Layer`'s off PyTorch's fast path) as one graph node, whose two Linears no pass sees:
-the quantization pass spells it out with these functions (`inductor/decompose_attention.py`) so its GEMMs are
-quantized like any Linear (docs/perf/e2e.md, session 26: a stock encoder quantized only its FFNs).
+(one Linear to 3E), `scaled_dot_product_attention`, the out-projection. `nn.MultiheadAttention` multiplies its
+projection parameters itself (Dynamo keeps its call as one graph node), so neither `quantize_` nor the in-graph
+quantization pass found a Linear there (docs/perf/e2e.md, session 26: a stock encoder quantized only its FFNs).
+Two users of these functions: `quantize_` converts the module to `LinearMultiheadAttention` (`convert_attention`),
+whose projections are Linear children it then swaps, and keeps quantized stock encoder layers off PyTorch's fused
+fast paths (`refuse_fast_paths`); the in-graph pass spells the call out (`inductor/decompose_attention.py`).
 
 The functions run on tensors and on `torch.fx.Proxy` alike (the graph pass calls them with proxies): every branch
 is on Python values — the masks' dtype and rank come in as `like` tensors (the traced example values)."""
@@ -193,29 +195,28 @@ def attention_conversions(model: nn.Module, filter_fn: Callable[[nn.Module, str]
     """(parent, attribute, stock module, its `LinearMultiheadAttention`) for every `convertible` child module of
     `model` whose projections `filter_fn` wants — asked as ``filter_fn(linear, fqn + ".in_proj" | ".out_proj")``,
     the Linears a scheme's swap then asks again; nothing is replaced yet (a filter that raises changes nothing)."""
-    def wants(conv: LinearMultiheadAttention, fqn: str) -> bool:
-        pre = f"{fqn}." if fqn else ""
-        return filter_fn is None or any(bool(filter_fn(lin, pre + name))
-                                        for name, lin in (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
-
     out = []
     for parent_name, parent in model.named_modules():
         for name, child in parent.named_children():
             if convertible(child):
                 conv = LinearMultiheadAttention.from_module(child)
-                if wants(conv, f"{parent_name}.{name}" if parent_name else name):
+                if _wanted(conv, f"{parent_name}.{name}" if parent_name else name, filter_fn):
                     out.append((parent, name, child, conv))
     return out
 
 
+def _wanted(conv: LinearMultiheadAttention, fqn: str, filter_fn: Callable[[nn.Module, str], bool] | None) -> bool:
+    pre = f"{fqn}." if fqn else ""
+    return filter_fn is None or any(bool(filter_fn(lin, pre + name))
+                                    for name, lin in (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
+
+
 def convert_attention(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
     """`quantize_`'s first step: the `attention_conversions` applied, in place (`model` itself, when it is a
-    convertible module whose projections `filter_fn` wants, is returned converted). Then `refuse_fast_paths`."""
+    convertible module whose projections `filter_fn` wants, is returned converted)."""
     if convertible(model):
         conv = LinearMultiheadAttention.from_module(model)
-        wanted = filter_fn is None or any(bool(filter_fn(lin, name)) for name, lin in
-                                          (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
-        return conv if wanted else model
+        return conv if _wanted(conv, "", filter_fn) else model
     for parent, name, _stock, conv in attention_conversions(model, filter_fn):
         setattr(parent, name, conv)
     return model
