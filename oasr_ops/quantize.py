@@ -48,7 +48,11 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
     its fully qualified name) narrows the set: a layer is quantized only where it returns True. Per-token
     quantization of a layer's input is extra work that Inductor fuses into a LayerNorm producer almost for free
     but not into every producer (docs/perf/e2e.md), so a deployment may quantize only the layers after a norm.
-    ValueError for an unknown scheme string; TypeError for a config type without a handler.
+    A stock `nn.MultiheadAttention` whose projections `filter_fn` wants (asked as ``"<fqn>.in_proj"`` /
+    ``"<fqn>.out_proj"``) is first converted to `LinearMultiheadAttention` (the same attention, its projections
+    Linears), and a stock `nn.TransformerEncoder(Layer)` holding quantized layers is kept off PyTorch's fused fast
+    path (`oasr_ops.families.self_attention`). ValueError for an unknown scheme string; TypeError for a config type
+    without a handler.
     """
     cfg = as_quant_config(config)
     handler = next((_HANDLERS[t] for t in type(cfg).__mro__ if t in _HANDLERS), None)
