@@ -1,7 +1,7 @@
 """The quantization-fusion kernels on the GPU (H200): oasr::layer_norm_quant (every config, widths, odd M,
 fp16/bf16, weight/bias dtypes, the normalized output, unaligned operands, poisoned outputs, CUDA-graph capture)
-and oasr::scaled_mm_act_quant (gelu/silu variants of the int8 lanes vs the reference), plus the fused FFN block
-compiled with reduce-overhead.
+and oasr::scaled_mm_act_quant (gelu/silu variants of the int8 lanes vs the reference), plus the fused FFN block and
+a quantized stock nn.TransformerEncoder compiled with reduce-overhead.
 
 Run: ``pytest -m gpu tests/test_quant_fusion_gpu.py``. Kernels are built first, in parallel.
 """
@@ -287,6 +287,42 @@ def test_fused_block_compiled_with_cuda_graphs():
 
     rep = fuse_log()[-1]
     assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (1, 1, [])
+
+
+def test_stock_encoder_quantized_compiled_with_cuda_graphs():
+    """A stock pre-norm `nn.TransformerEncoder` (session 28): `fusable_filter` names each layer's packed
+    in-projection and fc1/fc2, `quantize_` converts the attention (`LinearMultiheadAttention`) and keeps the layers
+    off PyTorch's fast path, calibrated, compiled with reduce-overhead: each LayerNorm feeds its GEMM through
+    layer_norm_quant, each GELU's quantization is in fc1's epilogue; within int8 accuracy of the fp32 model on the
+    unpadded positions."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, activation="gelu", batch_first=True,
+                                       norm_first=True)
+    ref = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(DEV).eval()
+    x = torch.randn(8, 250, 512, device=DEV)
+    kpm = torch.zeros(8, 250, dtype=torch.bool, device=DEV)
+    kpm[3, 200:] = True
+    with torch.no_grad():
+        want = ref(x, src_key_padding_mask=kpm)
+    q = copy.deepcopy(ref).half()
+    flt = oasr_ops.fusable_filter(q, x.half(), src_key_padding_mask=kpm)
+    assert flt.layers == {f"layers.{i}.{p}" for i in range(2) for p in ("self_attn.in_proj", "linear1", "linear2")}
+    q = oasr_ops.quantize_(q, oasr_ops.Int8W8A8Config(kernel=SMM_LANE.default.id), filter_fn=flt)
+    oasr_ops.calibrate(q, [x.half()])
+    torch.compiler.reset()
+    from oasr_ops.inductor.backend import oasr_backend
+    from oasr_ops.inductor.fuse_quant import fuse_log
+
+    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead", "fuse_quantization": True})
+    with torch.no_grad():
+        for _ in range(3):
+            out = fn(x.half(), src_key_padding_mask=kpm)
+        torch.cuda.synchronize()
+    valid = ~kpm
+    err = ((out.float() - want)[valid].abs().max() / want[valid].abs().max()).item()
+    assert err < 3e-2, err
+    rep = fuse_log()[-1]
+    assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (4, 2, [])
 
 
 class _FFN(nn.Module):
