@@ -133,3 +133,30 @@ def test_in_graph_quantization_under_autocast_keeps_the_linear_output_dtype(db_e
         got = torch.compile(m, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
     assert got.dtype == want.dtype == torch.bfloat16
     assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < 3e-2
+
+
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+def test_in_graph_quantization_of_a_float32_model_under_autocast(db_env, scheme):
+    """An fp32 model called under autocast: its Linears return bf16, so the model computes them in 16 bits anyway;
+    the rewrite quantizes them too (weights quantized from fp32, the bias cast to the GEMM's dtype), where it used
+    to leave every layer unquantized with a warning. The output keeps autocast's dtype; a LayerNorm autocast runs
+    in fp32 still feeds its GEMM through layer_norm_quant."""
+    from oasr_ops.inductor import fuse_quant
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(4, 10, 64)
+    with torch.no_grad():
+        ref = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = m(x)
+            got = torch.compile(m, backend=oasr_backend, options={"quantization": scheme,
+                                                                   "fuse_quantization": True})(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    op = "scaled_mm_fp8" if scheme == "fp8_w8a8" else "scaled_mm"
+    assert sorted(s.signature for s in rewrite.rewrite_log()[-1].sites) == [
+        f"{op}|op={op}|N=128|K=64", f"{op}|op={op}|N=64|K=128"]
+    assert fuse_quant.fuse_log()[-1].layer_norm_quant == 1
+    err = float((got.float() - ref).abs().max() / ref.abs().max())
+    assert err < (3e-2 if scheme == "int8_w8a8" else 1e-1), err

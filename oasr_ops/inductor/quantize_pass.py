@@ -41,6 +41,7 @@ from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 
 _WARN = WarnOnce()
+_HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ _SCHEMES = {
 
 
 def _emit_quantized_linear(gm: torch.fx.GraphModule, ops: SchemeOps, x, w, b, kernel: str, wv: torch.Tensor,
-                           scale: torch.Tensor | None) -> torch.fx.Node:
+                           scale: torch.Tensor | None, out_dtype: torch.dtype) -> torch.fx.Node:
     """The nodes `quantized_linear[_fp8]` traces to, spelt out in the Dynamo graph so the fusion pass
     (`fuse_quant.fuse_quantization`) sees the same structure as a `quantize_`d model's: weight quantization,
     reshape + contiguous, per-token quantization (carrying a calibrated scale when there is one), the GEMM."""
@@ -84,7 +85,8 @@ def _emit_quantized_linear(gm: torch.fx.GraphModule, ops: SchemeOps, x, w, b, ke
                             {"dtype": torch.float32, "device": wv.device})
         qs = g.call_function(ops.quantize_calibrated, (x2, s))
     q, sa = g.call_function(operator.getitem, (qs, 0)), g.call_function(operator.getitem, (qs, 1))
-    out_dtype = wv.dtype
+    if b is not None and wv.dtype != out_dtype:  # an fp32 layer under autocast: the bias in the GEMM's dtype
+        b = g.call_method("to", (b, out_dtype))
     y = g.call_function(ops.gemm, (q, wq, sa, sw, b, out_dtype, kernel))
     return g.call_function(restore_rows, (y, x))
 
@@ -171,20 +173,25 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
             continue
         x, w, b = node.args
         wv = value_of.get(w)
-        if isinstance(wv, torch.nn.Parameter) and wv.dim() == 2 and wv.dtype == torch.float32:
-            fp32 += 1
-        if not isinstance(wv, torch.nn.Parameter) or wv.dim() != 2 or wv.dtype not in (torch.float16,
-                                                                                       torch.bfloat16):
+        if not isinstance(wv, torch.nn.Parameter) or wv.dim() != 2:
+            continue
+        # the GEMM's output dtype: a 16-bit layer's own; an fp32 layer's under autocast (its linear returned
+        # fp16 / bf16: the model computes it in 16 bits anyway); no other fp32 layer is quantized
+        want = node.meta.get("example_value")
+        out_dtype = wv.dtype if wv.dtype in _HALF else want.dtype if (
+            wv.dtype == torch.float32 and isinstance(want, torch.Tensor) and want.dtype in _HALF) else None
+        if out_dtype is None:
+            fp32 += wv.dtype == torch.float32
             continue
         n, k = wv.shape
         if k % 16 or n % ops.n_align:
             continue
         with gm.graph.inserting_before(node):
-            new = _emit_quantized_linear(gm, ops, x, w, b, cfg.kernel, wv, calibrated_scale(wv, ops.qmax))
+            new = _emit_quantized_linear(gm, ops, x, w, b, cfg.kernel, wv, calibrated_scale(wv, ops.qmax),
+                                         out_dtype)
             # restore_rows gives x's dtype; under autocast a bf16 layer takes an fp32 x and returns bf16: keep the
             # dtype the replaced linear returned (only then, so the fusion passes see their usual pattern)
-            want, xv = node.meta.get("example_value"), x.meta.get("example_value") if isinstance(x, torch.fx.Node) \
-                else None
+            xv = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
             if isinstance(want, torch.Tensor) and isinstance(xv, torch.Tensor) and want.dtype != xv.dtype:
                 new = gm.graph.call_method("to", (new, want.dtype))
         new.meta.update(node.meta)
@@ -193,8 +200,9 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         done += 1
     if fp32 and not done:  # a silent no-op otherwise: the model runs unquantized
         _WARN("fp32", f"options['quantization']: {fp32} Linear layer(s) with float32 weights left unquantized (the "
-              "in-graph rewrite quantizes fp16 / bf16 models: compile model.half() or .bfloat16(), or quantize_() "
-              "the model first, which takes float32 layers too)")
+              "in-graph rewrite quantizes fp16 / bf16 layers, and fp32 ones under torch.autocast: compile "
+              "model.half() or .bfloat16(), call it under autocast, or quantize_() the model first, which takes "
+              "float32 layers too)")
     if done or attention.decomposed:
         gm.graph.lint()
         gm.recompile()
