@@ -77,8 +77,8 @@ class LinearMultiheadAttention(nn.Module):
     parameter inside `F.multi_head_attention_forward`: no Linear to swap). `from_module` shares the stock module's
     parameters. The stock forward's arguments and results: masks, batch_first, unbatched input, need_weights
     (averaged or per head), dropout in training. Self-attention without weights is one in-projection GEMM, SDPA
-    and the out-projection; a cross-attention call projects each input by its third of `in_proj` (a quantized
-    `in_proj` computes all three thirds for each input and keeps one: correct, more GEMM work, one warning).
+    and the out-projection; a cross-attention call projects each input by its rows of `in_proj` (a quantized one
+    by its `rows`: per-channel weights slice exactly).
 
     `_qkv_same_embed_dim = False`: `nn.TransformerEncoderLayer` reads it before taking PyTorch's fused fast path,
     which would multiply `in_proj_weight` itself; False keeps the layer on its Python path, through this module."""
@@ -164,22 +164,29 @@ class LinearMultiheadAttention(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v: each input through its third of `in_proj` (the packed GEMM once for self-attention)."""
-        e = self.embed_dim
+        """q, k, v: each input through its rows of `in_proj` (the packed GEMM once for self-attention; k and v in one
+        GEMM when key is value)."""
         if query is key is value:
             return tuple(self.in_proj(query).chunk(3, dim=-1))
-        if type(self.in_proj) is nn.Linear:  # 16-bit: project by the weight's thirds
-            w, b = self.in_proj.weight, self.in_proj.bias
-            return tuple(F.linear(t, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
-                         for i, t in enumerate((query, key, value)))
-        _WARN(type(self.in_proj), f"LinearMultiheadAttention: a cross-attention call through a quantized in_proj "
-              f"({type(self.in_proj).__name__}) computes all of q, k and v for each input and keeps one third "
-              "(correct, 2-3x the in-projection's GEMM work); exclude this module's in_proj with quantize_'s "
-              "filter_fn where that does not pay")
+        e = self.embed_dim
+        q = self._rows(0, e)(query)
         if key is value:
-            kv = self.in_proj(key)
-            return self.in_proj(query)[..., :e], kv[..., e:2 * e], kv[..., 2 * e:]
-        return self.in_proj(query)[..., :e], self.in_proj(key)[..., e:2 * e], self.in_proj(value)[..., 2 * e:]
+            return (q, *self._rows(e, 3 * e)(key).chunk(2, dim=-1))
+        return q, self._rows(e, 2 * e)(key), self._rows(2 * e, 3 * e)(value)
+
+    def _rows(self, start: int, stop: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`in_proj` restricted to output channels [start, stop): a 16-bit Linear by its weight's rows, a quantized
+        one by its `rows` (per-channel scales slice exactly); any other module computes all of it, then slices
+        (correct, more GEMM work, one warning)."""
+        proj = self.in_proj
+        if type(proj) is nn.Linear:
+            b = proj.bias
+            return lambda t: F.linear(t, proj.weight[start:stop], None if b is None else b[start:stop])
+        if getattr(proj, "linear_fn", None) is not None:
+            return proj.rows(start, stop)
+        _WARN(type(proj), f"LinearMultiheadAttention: a cross-attention call through an in_proj of type "
+              f"{type(proj).__name__} computes all of it for each input and keeps the rows it needs")
+        return lambda t: proj(t)[..., start:stop]
 
 
 def convertible(module: nn.Module) -> bool:

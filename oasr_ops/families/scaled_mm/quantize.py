@@ -84,6 +84,7 @@ class CalibratedInput(nn.Module):
     buffer instead of two: fewer tensors per layer, fewer guards. State dicts of the earlier layouts load."""
 
     input_qmax: float = 127.0  # the largest quantized value of the layer's activations (int8: 127; e4m3: 448)
+    linear_fn: Callable | None = None  # a linear layer's quantized linear function (`rows` calls it)
     scheme: str = SCHEME
     config: str = "auto"       # a per-layer config name; an instance attribute only when not "auto"
 
@@ -107,6 +108,17 @@ class CalibratedInput(nn.Module):
         scales, bias = self.scales, self.bias
         return (self.weight_q, scales[:n], bias if bias.shape[0] else None, bias.dtype, self.config,
                 scales[n:] if scales.shape[0] > n else None)
+
+    def rows(self, start: int, stop: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The layer restricted to its output channels [start, stop), as a callable: per-channel weights slice
+        exactly (a packed projection's q, or k and v, part: `LinearMultiheadAttention`). Its input is quantized
+        per token; a calibrated input scale is not carried (it was recorded over the whole layer's inputs)."""
+        if type(self).linear_fn is None:
+            raise TypeError(f"{type(self).__name__} is not a linear layer: it has no rows")
+        weight_q, scale_w, bias, out_dtype, config, _ = self._linear_args()
+        args = (weight_q[start:stop], scale_w[start:stop], None if bias is None else bias[start:stop], out_dtype,
+                config, None)
+        return lambda x: type(self).linear_fn(x, *args)
 
     @property
     def out_features(self) -> int:
@@ -215,6 +227,8 @@ class CalibratedInput(nn.Module):
 
 class QuantLinear(CalibratedInput):
     """An int8 W8A8 linear layer: int8 weight + fp32 per-channel scale (buffers), dynamic per-token activations."""
+
+    linear_fn = staticmethod(quantized_linear)  # what `rows` calls (forward calls it directly)
 
     def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype, config: str = "auto") -> None:

@@ -48,6 +48,7 @@ class Fp8QuantLinear(CalibratedInput):
 
     input_qmax = FP8_MAX
     scheme = SCHEME
+    linear_fn = staticmethod(quantized_linear_fp8)  # what `rows` calls (forward calls it directly)
 
     def __init__(self, weight_q: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype, config: str = "auto") -> None:
