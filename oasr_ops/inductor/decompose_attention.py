@@ -122,9 +122,12 @@ def _fill_example_values(nodes: list[torch.fx.Node], like: torch.Tensor) -> None
         args, kwargs = torch.fx.node.map_aggregate(n.args, val), torch.fx.node.map_aggregate(n.kwargs, val)
         if missing:
             continue
-        with fake_mode:
-            fn = getattr(args[0], n.target) if n.op == "call_method" else n.target
-            n.meta["example_value"] = fn(*(args[1:] if n.op == "call_method" else args), **kwargs)
+        fn = getattr(args[0], n.target) if n.op == "call_method" else n.target
+        try:  # metadata only: a value it cannot compute leaves the later passes' shape checks undecided, never wrong
+            with fake_mode:
+                n.meta["example_value"] = fn(*(args[1:] if n.op == "call_method" else args), **kwargs)
+        except Exception:  # noqa: BLE001 (AOTAutograd traces the graph again and reports a real error itself)
+            continue
 
 
 _ENCODER_LAYER = torch._transformer_encoder_layer_fwd
