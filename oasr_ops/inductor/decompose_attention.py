@@ -1,5 +1,6 @@
-"""`F.multi_head_attention_forward` nodes of a Dynamo graph -> their parts (`families/self_attention.py`): the
-packed in-projection `linear`, `scaled_dot_product_attention`, the out-projection `linear`.
+"""`F.multi_head_attention_forward` nodes of a Dynamo graph (and the fused encoder-layer fast path's, below) -> their
+parts (`families/self_attention.py`): the packed in-projection `linear`, `scaled_dot_product_attention`, the
+out-projection `linear`.
 
 Why: Dynamo keeps `nn.MultiheadAttention`'s call — and that of every `nn.TransformerEncoderLayer` /
 `nn.TransformerDecoderLayer` off PyTorch's fused fast path (batch_first=False, grad or autocast on) — as one node;
