@@ -14,7 +14,6 @@ from typing import Any, Callable
 from torch import nn
 
 from .families.conv2d_activation.quantize import QuantConv2d, quantize_convs  # noqa: F401  (public names)
-from .families.quantization import quantize_with_attention
 from .families.scaled_mm.qconfig import SCHEMES as _SCHEME_TYPES
 from .families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_module,  # noqa: F401  (public names)
@@ -22,6 +21,7 @@ from .families.scaled_mm.quantize import (QuantLinear, qualifies, quantize_modul
 from .families.scaled_mm_fp8.qconfig import Fp8W8A8Config
 from .families.scaled_mm_fp8.quantize import Fp8QuantLinear
 from .families.scaled_mm_fp8.quantize import quantize_module as _quantize_module_fp8
+from .families.self_attention import quantize_attention
 
 SCHEMES = tuple(_SCHEME_TYPES)  # the string names quantize_ accepts ("int8_w8a8", "fp8_w8a8")
 
@@ -49,8 +49,8 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
     quantization of a layer's input is extra work that Inductor fuses into a LayerNorm producer almost for free
     but not into every producer (docs/perf/e2e.md), so a deployment may quantize only the layers after a norm.
     A stock `nn.MultiheadAttention` whose projections `filter_fn` wants (asked as ``"<fqn>.in_proj"`` /
-    ``"<fqn>.out_proj"``) is first converted to `LinearMultiheadAttention` (the same attention, its projections
-    Linears), and a stock `nn.TransformerEncoder(Layer)` holding quantized layers is kept off PyTorch's fused fast
+    ``"<fqn>.out_proj"``) is converted to `LinearMultiheadAttention` (the same attention, its projections Linears)
+    where one of them gets quantized, and a stock `nn.TransformerEncoder(Layer)` holding quantized layers is kept off PyTorch's fused fast
     path (`oasr_ops.families.self_attention`). ValueError for an unknown scheme string; TypeError for a config type
     without a handler.
     """
@@ -59,7 +59,7 @@ def quantize_(model: nn.Module, config: Any = "int8_w8a8", filter_fn: FilterFn |
     if handler is None:
         raise TypeError(f"quantize_: no handler for config type {type(cfg).__name__}; known: "
                         f"{', '.join(t.__name__ for t in _HANDLERS)} (register_quantize_handler adds one)")
-    return quantize_with_attention(model, lambda m: handler(m, cfg, filter_fn), filter_fn)
+    return quantize_attention(model, lambda m: handler(m, cfg, filter_fn), filter_fn)
 
 
 @register_quantize_handler(Int8W8A8Config)

@@ -133,6 +133,23 @@ def test_quantize_reaches_the_attention_and_leaves_the_fast_path(scheme, batch_f
     assert err < (3e-2 if scheme == "int8_w8a8" else 1.5e-1), err
 
 
+def test_an_attention_with_nothing_quantized_stays_stock():
+    """embed_dim 40 (K % 16 != 0): no projection qualifies, so the module goes back to the stock one (its fast path
+    kept where the layer holds nothing quantized); the layer's qualifying linear2 (K = 160) is quantized, so the
+    layer is kept off its fused fast path all the same."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(40, 4).eval()
+    assert oasr_ops.quantize_(mha, "int8_w8a8") is mha
+    layer = nn.TransformerEncoderLayer(40, 4, 160, batch_first=True).to(torch.bfloat16).eval()
+    oasr_ops.quantize_(layer, "int8_w8a8")
+    assert type(layer.self_attn) is nn.MultiheadAttention
+    assert type(layer.linear1) is nn.Linear and type(layer.linear2).__name__ == "QuantLinear"
+    assert not layer.activation_relu_or_gelu
+    plain = nn.TransformerEncoderLayer(40, 4, 40, batch_first=True).eval()  # nothing qualifies anywhere
+    oasr_ops.quantize_(plain, "int8_w8a8")
+    assert type(plain.self_attn) is nn.MultiheadAttention and plain.activation_relu_or_gelu
+
+
 def test_filter_fn_sees_the_projections_by_name():
     enc = _encoder(False)
     asked: list[str] = []

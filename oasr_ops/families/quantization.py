@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..runtime import registry
+from .self_attention import quantize_attention
 
 
 def schemes() -> dict[str, Callable[..., Any]]:
@@ -28,21 +29,4 @@ def quantize(model: Any, scheme: str, config: str = "auto", filter_fn: Callable[
     fn = table.get(scheme) if isinstance(scheme, str) else None
     if fn is None:
         raise ValueError(f"{who}: unknown scheme {scheme!r}; supported: {', '.join(sorted(table))}")
-    return quantize_with_attention(model, lambda m: fn(m, config, filter_fn), filter_fn)
-
-
-def quantize_with_attention(model: Any, swap: Callable[[Any], Any],
-                            filter_fn: Callable[[Any, str], bool] | None) -> Any:
-    """`swap(model)` (a scheme's layer swap) with `nn.MultiheadAttention` handled around it: converted first to
-    `LinearMultiheadAttention` (its projections become Linears the swap sees), PyTorch's fused transformer fast
-    paths refused after it where they would bypass the quantized layers (`families/self_attention.py`)."""
-    from torch import nn
-
-    from .self_attention import convert_attention, refuse_fast_paths
-
-    if isinstance(model, nn.Module):
-        model = convert_attention(model, filter_fn)
-    model = swap(model)
-    if isinstance(model, nn.Module):
-        refuse_fast_paths(model)
-    return model
+    return quantize_attention(model, lambda m: fn(m, config, filter_fn), filter_fn)  # (stock attention too)

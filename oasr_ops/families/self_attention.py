@@ -2,7 +2,7 @@
 (one Linear to 3E), `scaled_dot_product_attention`, the out-projection. `nn.MultiheadAttention` multiplies its
 projection parameters itself (Dynamo keeps its call as one graph node), so neither `quantize_` nor the in-graph
 quantization pass found a Linear there (docs/perf/e2e.md, session 26: a stock encoder quantized only its FFNs).
-Two users of these functions: `quantize_` converts the module to `LinearMultiheadAttention` (`convert_attention`),
+Two users of these functions: `quantize_` converts the module to `LinearMultiheadAttention` (`quantize_attention`),
 whose projections are Linear children it then swaps, and keeps quantized stock encoder layers off PyTorch's fused
 fast paths (`refuse_fast_paths`); the in-graph pass spells the call out (`inductor/decompose_attention.py`).
 
@@ -218,15 +218,33 @@ def _wanted(conv: LinearMultiheadAttention, fqn: str, filter_fn: Callable[[nn.Mo
                                     for name, lin in (("in_proj", conv.in_proj), ("out_proj", conv.out_proj)))
 
 
-def convert_attention(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
-    """`quantize_`'s first step: the `attention_conversions` applied, in place (`model` itself, when it is a
-    convertible module whose projections `filter_fn` wants, is returned converted)."""
-    if convertible(model):
-        conv = LinearMultiheadAttention.from_module(model)
-        return conv if _wanted(conv, "", filter_fn) else model
-    for parent, name, _stock, conv in attention_conversions(model, filter_fn):
+def quantize_attention(model: Any, swap: Callable[[Any], Any],
+                       filter_fn: Callable[[nn.Module, str], bool] | None = None) -> Any:
+    """`swap(model)` (a scheme's layer swap, what `quantize_` runs) with the stock attention handled around it:
+    each `attention_conversions` module (`model` itself too) becomes a `LinearMultiheadAttention` first, so the
+    swap sees its projections; one whose projections the swap left 16-bit (none qualified) goes back to the stock
+    module, fast path and all; then `refuse_fast_paths`. Returns what `swap` returns."""
+    if not isinstance(model, nn.Module):
+        return swap(model)  # (the swap names the wrong type)
+    stock_root = model if convertible(model) else None
+    if stock_root is not None:
+        conv = LinearMultiheadAttention.from_module(stock_root)
+        model = conv if _wanted(conv, "", filter_fn) else stock_root
+    done = attention_conversions(model, filter_fn)
+    for parent, name, _stock, conv in done:
         setattr(parent, name, conv)
+    model = swap(model)
+    for parent, name, stock, conv in done:
+        if not _quantized(conv):
+            setattr(parent, name, stock)
+    if stock_root is not None and isinstance(model, LinearMultiheadAttention) and not _quantized(model):
+        model = stock_root
+    refuse_fast_paths(model)
     return model
+
+
+def _quantized(conv: LinearMultiheadAttention) -> bool:
+    return not (type(conv.in_proj) is nn.Linear and type(conv.out_proj) is nn.Linear)
 
 
 def refuse_fast_paths(model: nn.Module) -> None:
