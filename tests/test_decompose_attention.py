@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import oasr_ops
-from oasr_ops import paths
 from oasr_ops.inductor import fuse_quant, fuse_residual, quantize_pass, rewrite
 from oasr_ops.inductor.backend import oasr_backend
 from oasr_ops.inductor.decompose_attention import decompose_attention
@@ -185,16 +184,10 @@ def test_fast_path_layer_with_another_float_mask_follows_the_documented_rule(fas
 # ---- through the backend: a stock encoder quantized in the graph ------------------------------------------------
 
 @pytest.fixture
-def db_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))
-    monkeypatch.setenv("OASR_ARCH", "sm90")
-    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "system")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    oasr_ops.reload_tuning()
+def db_env(tuning_env, fresh_inductor):
+    """A tuning DB and an Inductor cache of the test's own (conftest / _fx_capture), the rewrite log emptied."""
     rewrite.clear_rewrite_log()
-    yield tmp_path
-    monkeypatch.undo()
-    oasr_ops.reload_tuning()
+    return tuning_env
 
 
 def _encoder(batch_first: bool) -> nn.TransformerEncoder:

@@ -191,22 +191,15 @@ def test_cross_attention_through_a_quantized_in_proj_uses_its_rows(scheme):
 
 
 @pytest.mark.slow
-def test_quantize_fusable_stock_encoder_compiles_to_the_fused_graph(tmp_path, monkeypatch):
+def test_quantize_fusable_stock_encoder_compiles_to_the_fused_graph(tuning_env, fresh_inductor):
     """The issue-15 recipe on a stock pre-norm encoder: `fusable_filter` (now naming the packed in-projection,
     traced off the fast path, through the eval dropout) -> quantize_ -> calibrate -> backend="oasr" with
     fuse_quantization: each LayerNorm feeds its GEMM through layer_norm_quant, each GELU's quantization is in fc1's
     epilogue, each fc2's residual add in its GEMM; within int8 accuracy of the fp32 model."""
-    from oasr_ops import paths
     from oasr_ops.inductor import fuse_quant, fuse_residual
     from oasr_ops.inductor.backend import oasr_backend
     from oasr_ops.inductor.fuse_quant import fusable_filter
 
-    monkeypatch.setenv("OASR_TUNE_USER_DB", str(tmp_path / "user"))
-    monkeypatch.setenv("OASR_ARCH", "sm90")
-    monkeypatch.setattr(paths, "system_db_dir", lambda: tmp_path / "system")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    oasr_ops.reload_tuning()
-    torch._dynamo.reset()
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(E, H, 4 * E, batch_first=True, norm_first=True, activation="gelu")
     enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(torch.bfloat16).eval()
@@ -223,8 +216,6 @@ def test_quantize_fusable_stock_encoder_compiles_to_the_fused_graph(tmp_path, mo
     assert (fused.layer_norm_quant, fused.act_quant, fused.unfused) == (4, 2, [])
     assert fuse_residual.residual_log()[-1].fused == 2
     assert float((got.float() - want).abs().max() / want.abs().max()) < 3e-2
-    monkeypatch.undo()
-    oasr_ops.reload_tuning()
 
 
 @pytest.mark.parametrize("scheme", [None, "int8_w8a8", "fp8_w8a8"])

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.plans import WarnOnce
+from .scaled_mm.quantize import CalibratedInput
 
 
 def additive_mask(attn_mask: Any, key_padding_mask: Any, num_heads: int, dtype: torch.dtype, *,
@@ -248,12 +249,12 @@ def _quantized(conv: LinearMultiheadAttention) -> bool:
 
 
 def refuse_fast_paths(model: nn.Module) -> None:
-    """Keep every `nn.TransformerEncoderLayer` / `nn.TransformerEncoder` holding an oasr module (a quantized layer,
-    a `LinearMultiheadAttention`) off PyTorch's fused fast paths: those multiply the layers' ``.weight`` tensors
-    themselves — a quantized layer's dequantized 16-bit copy, so the model ran unquantized — or read
-    ``self_attn.in_proj_weight``. The layer's flag below is read only by its fast-path check."""
+    """Keep every `nn.TransformerEncoderLayer` / `nn.TransformerEncoder` holding a quantized layer (a surviving
+    `LinearMultiheadAttention` always holds one) off PyTorch's fused fast paths: those multiply the layers'
+    ``.weight`` tensors themselves — a quantized layer's dequantized 16-bit copy, so the model ran unquantized — or
+    read ``self_attn.in_proj_weight``. The layer's flag below is read only by its fast-path check."""
     def ours(m: nn.Module) -> bool:
-        return any(type(s).__module__.startswith("oasr_ops.") for s in m.modules())
+        return any(isinstance(s, CalibratedInput) for s in m.modules())
 
     for m in model.modules():
         if isinstance(m, nn.TransformerEncoderLayer) and ours(m):

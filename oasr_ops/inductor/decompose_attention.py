@@ -25,18 +25,17 @@ path (`_native_multi_head_attention`): its call is the `F.multi_head_attention_f
 encoder beats the fast path it leaves is the model's to measure (docs/perf/e2e.md)."""
 from __future__ import annotations
 
-import inspect
 import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.fx.operator_schemas import normalize_function
 from torch.fx.proxy import GraphAppendingTracer, Proxy
 
 from ..families.self_attention import additive_mask, self_attention
 
 _MHA = (F.multi_head_attention_forward,)
-_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 _COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
@@ -132,24 +131,25 @@ def _fill_example_values(nodes: list[torch.fx.Node], like: torch.Tensor) -> None
 
 
 _ENCODER_LAYER = torch._transformer_encoder_layer_fwd
-_ENCODER_LAYER_SCHEMA = torch.ops.aten._transformer_encoder_layer_fwd.default._schema
 
 
-def _schema_arguments(node: torch.fx.Node) -> dict | None:
-    """The fast-path op's arguments by name (defaults filled), or None when the call does not fit its schema."""
-    schema = _ENCODER_LAYER_SCHEMA
-    names = [a.name for a in schema.arguments]
-    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+def _arguments(node: torch.fx.Node) -> dict | None:
+    """The call's arguments by name, defaults filled (torch.fx's `normalize_function`), or None when they do not
+    bind."""
+    try:
+        pair = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    except (TypeError, RuntimeError):
         return None
-    out = dict(zip(names, node.args))
-    for arg in schema.arguments[len(node.args):]:
-        if arg.name in node.kwargs:
-            out[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-        else:
-            return None
-    return out
+    return None if pair is None else dict(pair.kwargs)
+
+
+def _adopt(g: torch.fx.Graph, node: torch.fx.Node, known: set, like: torch.Tensor) -> None:
+    """The nodes emitted for `node` (those of `g` not in `known`): its provenance metadata and their traced
+    values (`_fill_example_values`)."""
+    new = [n for n in g.nodes if n not in known]
+    for n in new:
+        n.meta.update({k: node.meta[k] for k in _COPIED_META if k in node.meta})
+    _fill_example_values(new, like)
 
 
 def _fast_path_mask(mask, mask_type, proxy) -> tuple[object, str | None]:
@@ -198,7 +198,7 @@ def _encoder_layer(a: dict, proxy) -> tuple[object | None, str | None]:
 
 def _decompose_fast_path(g: torch.fx.Graph, node: torch.fx.Node, proxy, rep: AttentionReport) -> None:
     """One fast-path node spelt out in place, or its reason in `rep.kept`."""
-    a = _schema_arguments(node)
+    a = _arguments(node)
     src = None if a is None else a["src"]
     if a is None or _value(src) is None or _value(src).dim() != 3:
         rep.kept.append(f"{node.name}: not a call on a traced 3-D input this pass understands")
@@ -212,10 +212,7 @@ def _decompose_fast_path(g: torch.fx.Graph, node: torch.fx.Node, proxy, rep: Att
     if why:  # decided before anything was emitted
         rep.kept.append(f"{node.name}: {why}")
         return
-    new = [n for n in g.nodes if n not in known]
-    for n in new:
-        n.meta.update({k: node.meta[k] for k in _COPIED_META if k in node.meta})
-    _fill_example_values(new, _value(src))
+    _adopt(g, node, known, _value(src))
     node.replace_all_uses_with(out.node)
     g.erase_node(node)
     rep.decomposed.append(f"{node.name}: {node.target.__name__}")
@@ -236,14 +233,8 @@ def decompose_attention(gm: torch.fx.GraphModule) -> AttentionReport:
             continue
         if node.op != "call_function" or node.target not in _MHA:
             continue
-        try:
-            bound = _SIGNATURE.bind(*node.args, **node.kwargs)
-        except TypeError as e:
-            rep.kept.append(f"{node.name}: {e}")
-            continue
-        bound.apply_defaults()
-        a = bound.arguments
-        why = _why_kept(node, a)
+        a = _arguments(node)
+        why = "its arguments do not bind to F.multi_head_attention_forward's" if a is None else _why_kept(node, a)
         if why:
             rep.kept.append(f"{node.name}: {why}")
             continue
@@ -266,10 +257,7 @@ def decompose_attention(gm: torch.fx.GraphModule) -> AttentionReport:
             if any(u.users for u in outputs):
                 with g.inserting_after(out):
                     out = g.call_method("transpose", (out, 0, 1))
-        new = [n for n in g.nodes if n not in known]
-        for n in new:
-            n.meta.update({k: node.meta[k] for k in _COPIED_META if k in node.meta})
-        _fill_example_values(new, _value(a["query"]))
+        _adopt(g, node, known, _value(a["query"]))
         for u in list(node.users):
             if u in outputs:
                 u.replace_all_uses_with(out)
