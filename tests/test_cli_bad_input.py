@@ -320,6 +320,49 @@ def test_census_builder_traceback_under_verbose(home, capsys, model_file):
     cli.setup_logging(0)
 
 
+def test_census_input_the_model_rejects_is_one_line(home, capsys, model_file):
+    """A model expecting 768-wide frames, censused with the default 80 mel bins, was a traceback from inside a
+    LayerNorm decomposition: one line naming the input, the model's message and the flags that shape the input,
+    and no census written; with --n-mels 768 it traces."""
+    f = model_file("wide", "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.LayerNorm(768), "
+                           "torch.nn.Linear(768, 256)).half()\n")
+    argv = [*_census_argv(home)[:-5], "--model", f"{f}:build"]
+    _usage_error(home, capsys, argv, f"--model {f}:build",
+                 "rejects the census input [1, 16, 80] (torch.float16): RuntimeError: ", "--n-mels, --input-layout")
+    assert not (home / "in" / "c.json").exists()
+    assert cli.main([*argv, "--n-mels", "768"]) == 0
+    capsys.readouterr()
+    assert "gemm|op=gemm|dt=half|N=256|K=768" in json.loads((home / "in" / "c.json").read_text())["signatures"]
+
+
+_TYPED_BUILDER = """import torch
+def build(layers: int = 2, width=64.0, gelu=False, dtype=torch.float16, name: str = "x", seed: int | str = 0):
+    assert isinstance(seed, str) and isinstance(name, str)  # a builder admitting str parses its own strings
+    act = torch.nn.GELU() if gelu else torch.nn.ReLU()
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(80, int(width)), act,
+                                                     torch.nn.Linear(int(width), 80)) for _ in range(layers)]).to(dtype)
+"""
+
+
+def test_census_model_args_take_the_builders_default_types(home, capsys, model_file):
+    """`--model-args layers=2` reached an `int` parameter as '2' (a TypeError from deep in the builder): arguments
+    whose default is a bool, int, float or torch.dtype are converted; a value that does not convert is one line."""
+    f = model_file("typed", _TYPED_BUILDER)
+    argv = [*_census_argv(home)[:-5], "--model", f"{f}:build", "--model-args"]
+    assert cli.main([*argv, "layers=3", "width=96", "gelu=true", "dtype=bf16", "seed=5", "name=y"]) == 0, \
+        capsys.readouterr().err
+    capsys.readouterr()
+    doc = json.loads((home / "in" / "c.json").read_text())
+    sigs = doc["signatures"]
+    assert {"gemm|op=gemm_activation|dt=half|N=96|K=80", "gemm|op=gemm|dt=half|N=80|K=96"} <= set(sigs), sorted(sigs)
+    assert {tuple(e["dtypes"]) for e in sigs.values()} == {("bf16",)}  # (layers="3" as a string fails range())
+    assert doc["model_args"]["layers"] == "3"  # the census records what was typed
+    (home / "in" / "c.json").unlink()
+    for arg, needle in (("layers=two", "layers='two': not int (the builder's default is 2)"),
+                        ("gelu=maybe", "gelu='maybe': not a bool"), ("dtype=fp64", "dtype='fp64': not a dtype")):
+        _usage_error(home, capsys, [*argv, arg], "--model-args", needle)
+
+
 def test_census_of_a_model_without_parameters_warns_and_writes(home, capsys, model_file):
     """nn.ReLU() (no parameters) was a StopIteration traceback: it traces (fp16 input on the CPU) to an empty census,
     with one warning."""

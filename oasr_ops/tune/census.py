@@ -416,6 +416,48 @@ def _import_file(path: Path, spec: str = "") -> Any:
     return mod
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def coerce_model_args(builder: Callable[..., Any], args: dict[str, str]) -> dict[str, Any]:
+    """`--model-args` strings typed by the builder's defaults: a parameter whose default is a bool, int, float or
+    torch.dtype (and whose annotation does not also admit ``str``: such a builder parses its own strings, as the
+    examples do) gets that type; anything else stays a string. ValueError names the argument and the type."""
+    import torch
+
+    dtypes = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
+              "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+    try:
+        params = inspect.signature(builder).parameters
+    except ValueError:  # a builtin without a signature
+        return dict(args)
+    out: dict[str, Any] = {}
+    for k, v in args.items():
+        p = params.get(k)
+        default = None if p is None else p.default
+        ann = "" if p is None or p.annotation is inspect.Parameter.empty else str(p.annotation)
+        if default is None or default is inspect.Parameter.empty or isinstance(default, str) or "str" in ann:
+            out[k] = v
+        elif isinstance(default, bool):
+            if v.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"--model-args {k}={v!r}: not a bool (true/false, 1/0)")
+            out[k] = v.lower() in _TRUE
+        elif isinstance(default, (int, float)):
+            try:
+                out[k] = type(default)(v)
+            except ValueError:
+                raise ValueError(f"--model-args {k}={v!r}: not {type(default).__name__} (the builder's default is "
+                                 f"{default!r})") from None
+        elif isinstance(default, torch.dtype):
+            name = v.lower().removeprefix("torch.")
+            if name not in dtypes:
+                raise ValueError(f"--model-args {k}={v!r}: not a dtype ({', '.join(sorted(dtypes))})")
+            out[k] = dtypes[name]
+        else:
+            out[k] = v
+    return out
+
+
 def build_for_census(builder: Callable[..., Any], args: dict[str, Any]) -> Any:
     """Build the model, on the meta device when the builder takes ``device`` and none was given."""
     params = inspect.signature(builder).parameters
@@ -448,6 +490,32 @@ def input_maker(model: Any, info: dict[str, Any]) -> tuple[Callable[[int, int], 
     return make, (0, t_dim)
 
 
+class CensusInputError(ValueError):
+    """The model's forward rejects the input the census built from its ``census_info`` (the user's mismatch, not
+    ours: the CLI reports it as one line naming the flags that shape the input)."""
+
+
+def check_input_fits(model: Any, make: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
+                     batch: int, frames: int) -> None:
+    """Run the model once on a FakeTensor of the census's input for (``batch``, ``frames``): a model that expects
+    another width or layout fails here with `CensusInputError` and its own message, before a trace would bury it
+    in a decomposition's traceback."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    shape, dtype, device = make(batch, frames)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+        x = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), static_shapes=True)
+        if device.type != "meta":
+            x.fake_device = device
+        try:
+            model(x)
+        except Exception as e:  # noqa: BLE001 - whatever the model raises is the message the user needs
+            text = " ".join(str(e).split())[:300]
+            raise CensusInputError(f"the model's forward rejects the census input {list(shape)} ({dtype}): "
+                                   f"{type(e).__name__}: {text}") from e
+
+
 def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max_batch_size: int,
                      durations: Sequence[float] | None = None, time_granularity: int = DEFAULT_TIME_GRANULARITY,
                      max_seconds: float | None = None, chunk_size: int = 16, chunk_frames: int | None = None,
@@ -469,6 +537,8 @@ def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max
         raise ValueError(f"service mode must be offline or streaming, got {service_mode!r}")
     keys = limit_keys(keys, max_keys)
     make, dims = input_maker(model, info)
+    if keys:
+        check_input_fits(model, make, keys[0].batch, keys[0].frames)
     tracer = ModelTracer(model, make, dims)
     meta = {"max_batch_size": max_batch_size, "fixed_window": fixed,
             "time_granularity": None if fixed else time_granularity}

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..paths import write_text_atomic
-from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, _parse_model_args, build_for_census,
-                     census_for_model, load_builder, merge_capture, read_manifest)
+from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, CensusInputError, _parse_model_args,
+                     build_for_census, census_for_model, coerce_model_args, load_builder, merge_capture, read_manifest)
 
 log = logging.getLogger("oasr_ops.tune.census")
 
@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="module:function building the model, e.g. "
                    "examples.conformer:build_model (the module is imported from the current directory too)")
     p.add_argument("--model-args", nargs="*", default=[], metavar="K=V",
-                   help="builder keyword arguments, passed as strings (default: none)")
+                   help="builder keyword arguments: typed by the builder's default where it is a bool, int, float or "
+                   "torch.dtype (unless its annotation admits str), else passed as strings (default: none)")
     from ..families.quantization import schemes
 
     p.add_argument("--quantization", choices=sorted(schemes()), default=None,
@@ -201,6 +202,10 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(f"--capture {e}") from None
     builder, mod = _load_model_for_cli(args.model, model_args)
+    try:
+        typed_args = coerce_model_args(builder, model_args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     _refuse_overwriting_inputs(out, [("--model", getattr(mod, "__file__", None))])
     info = dict(getattr(mod, "census_info", {}) or {})
     for k, v in (("n_mels", args.n_mels), ("input_layout", args.input_layout), ("fixed_window", args.fixed_window)):
@@ -218,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
                              f"{args.time_granularity} frames (at most {MAX_TIME_BUCKETS})")
     log.debug("building %s%s", args.model, f" with {model_args}" if model_args else "")
     try:
-        model = build_for_census(builder, model_args)
+        model = build_for_census(builder, typed_args)
     except TypeError as e:  # a builder taking **kwargs rejects unknown --model-args itself
         raise UsageError(f"--model-args do not fit {args.model}: {e}") from None
     except Exception as e:  # the user's builder failed: its message, its traceback under -v
@@ -230,11 +235,17 @@ def main(args: argparse.Namespace) -> int:
         from ..families.quantization import quantize
 
         model = quantize(model, args.quantization, who="oasr tune census --quantization")
-    c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
-                         durations=durations, time_granularity=args.time_granularity, max_seconds=args.max_seconds,
-                         chunk_size=args.chunk_size, chunk_frames=args.chunk_frames, concurrency=hist,
-                         concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys,
-                         progress=True)
+    try:
+        c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
+                             durations=durations, time_granularity=args.time_granularity,
+                             max_seconds=args.max_seconds, chunk_size=args.chunk_size,
+                             chunk_frames=args.chunk_frames, concurrency=hist,
+                             concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys,
+                             progress=True)
+    except CensusInputError as e:
+        log.debug("the model's forward on the census input raised:", exc_info=True)
+        raise UsageError(f"--model {args.model}: {e} (--n-mels, --input-layout and --fixed-window shape the "
+                         "input; the model's census_info sets their defaults)") from None
     for cap in args.capture:
         merge_capture(c, cap)
     c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
