@@ -160,3 +160,29 @@ def test_in_graph_quantization_of_a_float32_model_under_autocast(db_env, scheme)
     assert fuse_quant.fuse_log()[-1].layer_norm_quant == 1
     err = float((got.float() - ref).abs().max() / ref.abs().max())
     assert err < (3e-2 if scheme == "int8_w8a8" else 1e-1), err
+
+
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+def test_quantized_layers_of_a_float32_model_return_autocasts_dtype(scheme):
+    """`quantize_` on an fp32 model, run eagerly under autocast: each quantized layer returns what its nn.Linear
+    returned there (bf16), not the input's fp32 (the kernel's 16-bit output was cast up between layers); outside
+    autocast it returns fp32 as before. The rows of a packed projection (`rows`) follow the same rule."""
+    import oasr_ops
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(4, 10, 64)
+    with torch.no_grad():
+        ref = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = m(x)
+        q = oasr_ops.quantize_(copy.deepcopy(m), scheme)
+        assert q(x).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = q(x)
+            hidden = q[0](x)
+            part = q[0].rows(0, 64)(x)
+    assert got.dtype == want.dtype == hidden.dtype == part.dtype == torch.bfloat16
+    assert torch.equal(part, hidden[..., :64])
+    err = float((got.float() - ref).abs().max() / ref.abs().max())
+    assert err < (3e-2 if scheme == "int8_w8a8" else 1e-1), err

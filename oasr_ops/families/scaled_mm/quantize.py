@@ -49,7 +49,21 @@ def quantized_linear(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch.Ten
         q, scale_a = torch.ops.oasr.quantize_per_token_calibrated(x2, input_scale)
     y = torch.ops.oasr.scaled_mm(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
     y = y.reshape(*lead, weight_q.shape[0])
-    return y if y.dtype == x.dtype else y.to(x.dtype)
+    want = linear_result_dtype(x)
+    return y if y.dtype == want else y.to(want)
+
+
+_AUTOCAST_DEVICES = ("cuda", "cpu", "xpu")
+
+
+def linear_result_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype `F.linear(x, ...)` returns: autocast's for x's device when it is on there, else x's. A quantized
+    layer writes its own 16-bit dtype; returning x's dtype under autocast gave an fp32 model's autocast region fp32
+    activations between its quantized layers (twice the bytes, and not what the stock layer returned)."""
+    dev = x.device.type
+    if dev in _AUTOCAST_DEVICES and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
 
 
 def check_input_width(x: torch.Tensor, weight_q: torch.Tensor) -> None:
@@ -130,6 +144,8 @@ class CalibratedInput(nn.Module):
 
     @property
     def out_dtype(self) -> torch.dtype:
+        """The dtype the kernel writes (fp16 / bf16). forward returns `F.linear`'s: the input's, or autocast's
+        under torch.autocast (`linear_result_dtype`), cast when it differs."""
         return self.bias.dtype
 
     @property

@@ -5,7 +5,8 @@ A layer qualifies when its GEMM fits the fp8 kernels: K (in_features) % 16 == 0 
 Weights: symmetric per output channel, e4m3, quantized once. Activations: symmetric per token, quantized at every
 call (`torch.ops.oasr.quantize_per_token_fp8`, a composite op Inductor fuses), then `torch.ops.oasr.scaled_mm_fp8`
 with config ``auto`` (the tuning DB's scaled_mm_fp8 entry, else the half-wave heuristic). Output dtype: the
-layer's own when fp16/bf16; an fp32 layer computes in bf16 and casts back.
+layer's own when fp16/bf16; an fp32 layer computes in bf16 and casts back (to autocast's dtype under
+torch.autocast, as `F.linear` would).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..scaled_mm.quantize import CalibratedInput, check_input_width, check_model, swaps
+from ..scaled_mm.quantize import CalibratedInput, check_input_width, check_model, linear_result_dtype, swaps
 from .reference import FP8_MAX, quantize_weight_fp8
 
 SCHEME = "fp8_w8a8"
@@ -35,7 +36,8 @@ def quantized_linear_fp8(x: torch.Tensor, weight_q: torch.Tensor, scale_w: torch
         q, scale_a = torch.ops.oasr.quantize_per_token_fp8_calibrated(x2, input_scale)
     y = torch.ops.oasr.scaled_mm_fp8(q, weight_q, scale_a, scale_w, bias, out_dtype, config)
     y = y.reshape(*lead, weight_q.shape[0])
-    return y if y.dtype == x.dtype else y.to(x.dtype)
+    want = linear_result_dtype(x)
+    return y if y.dtype == want else y.to(want)
 
 
 def qualifies(linear: nn.Linear) -> bool:
