@@ -325,6 +325,27 @@ def test_stock_encoder_quantized_compiled_with_cuda_graphs():
     assert (rep.layer_norm_quant, rep.act_quant, rep.unfused) == (4, 2, [])
 
 
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_quantized_float32_model_under_cuda_autocast(scheme, dtype):
+    """An fp32 FFN quantized by `quantize_` and run eagerly under CUDA autocast: the real kernels return autocast's
+    dtype as the stock layers do, within the scheme's accuracy of the fp32 model; fp32 without autocast."""
+    if scheme == "fp8_w8a8" and ARCH != "sm90":
+        pytest.skip("the fp8 kernels run on sm90 here")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)).to(DEV).eval()
+    x = torch.randn(8, 250, 512, device=DEV)
+    with torch.no_grad():
+        ref = m(x)
+        q = oasr_ops.quantize_(copy.deepcopy(m), scheme)
+        with torch.autocast("cuda", dtype=dtype):
+            want, got = m(x), q(x)
+        assert q(x).dtype == torch.float32
+    assert got.dtype == want.dtype == dtype
+    err = float((got.float() - ref).abs().max() / ref.abs().max())
+    assert err < (3e-2 if scheme == "int8_w8a8" else 1e-1), err
+
+
 class _FFN(nn.Module):
     """fc1 -> GELU -> fc2 + residual, no LayerNorm: fc2's input range follows the input's."""
 
