@@ -50,6 +50,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -436,7 +437,8 @@ def coerce_model_args(builder: Callable[..., Any], args: dict[str, str]) -> dict
         p = params.get(k)
         default = None if p is None else p.default
         ann = "" if p is None or p.annotation is inspect.Parameter.empty else str(p.annotation)
-        if default is None or default is inspect.Parameter.empty or isinstance(default, str) or "str" in ann:
+        if default is None or default is inspect.Parameter.empty or isinstance(default, str) \
+                or re.search(r"\bstr\b", ann):
             out[k] = v
         elif isinstance(default, bool):
             if v.lower() not in _TRUE + _FALSE:
