@@ -363,6 +363,27 @@ def test_census_model_args_take_the_builders_default_types(home, capsys, model_f
         _usage_error(home, capsys, [*argv, arg], "--model-args", needle)
 
 
+def test_census_names_stock_layers_on_the_fast_path(home, capsys):
+    """A stock fp16 nn.TransformerEncoder in eval: its layers meet PyTorch's fast-path conditions, so a compiled model
+    under no_grad serves none of their GEMMs, yet the census (traced on the meta device) lists them. One warning names
+    the layers and the census records them; quantized (--quantization), the layers leave the fast path: no warning."""
+    spec = "benchmarks.stock_transformer:build_model"
+    argv = [*_census_argv(home)[:-5], "--model", spec, "--model-args", "d=64", "heads=2", "ffn=128", "layers=2",
+            "--n-mels", "64"]
+    out = home / "in" / "c.json"
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "2 nn.TransformerEncoderLayer(s) (layers.0, layers.1) meet" in err, err
+    doc = json.loads(out.read_text())
+    assert doc["fast_path_layers"] == ["layers.0", "layers.1"]
+    assert "gemm|op=gemm|dt=half|N=192|K=64" in doc["signatures"]  # the packed in-projection, censused all the same
+    out.unlink()
+    assert cli.main([*argv, "--quantization", "int8_w8a8"]) == 0
+    assert "fast-path" not in capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["fast_path_layers"] == [] and "scaled_mm|op=scaled_mm|N=192|K=64" in doc["signatures"]
+
+
 def test_census_of_a_model_without_parameters_warns_and_writes(home, capsys, model_file):
     """nn.ReLU() (no parameters) was a StopIteration traceback: it traces (fp16 input on the CPU) to an empty census,
     with one warning."""

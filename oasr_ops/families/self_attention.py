@@ -261,3 +261,27 @@ def refuse_fast_paths(model: nn.Module) -> None:
             m.activation_relu_or_gelu = 0
         elif isinstance(m, nn.TransformerEncoder) and ours(m):
             m.use_nested_tensor = False
+
+
+def fast_path_layers(model: nn.Module) -> list[str]:
+    """The `nn.TransformerEncoderLayer`s of `model` that meet the module-level conditions of PyTorch's fused
+    inference fast path (`TransformerEncoderLayer.forward`'s own list: eval, fast path enabled, a stock batch-first
+    packed attention with bias and an even head count, ReLU/GELU, equal LayerNorm eps, no hooks). Called in eval
+    under no_grad with a batched input and no autocast, each runs as one native op whose GEMMs no backend pass
+    sees; a census of the model traces them as Linears all the same (`oasr tune census` says so)."""
+    if not torch.backends.mha.get_fastpath_enabled():
+        return []
+    out = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.TransformerEncoderLayer) or m.training:
+            continue
+        attn = m.self_attn
+        if type(attn) is not nn.MultiheadAttention or not attn.batch_first or attn.in_proj_bias is None \
+                or not attn._qkv_same_embed_dim or attn.num_heads % 2 == 1:
+            continue
+        if not m.activation_relu_or_gelu or m.norm1.eps != m.norm2.eps:
+            continue
+        if any(len(s._forward_hooks) + len(s._forward_pre_hooks) for s in m.modules()):
+            continue
+        out.append(name)
+    return out

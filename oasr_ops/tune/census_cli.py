@@ -235,6 +235,15 @@ def main(args: argparse.Namespace) -> int:
         from ..families.quantization import quantize
 
         model = quantize(model, args.quantization, who="oasr tune census --quantization")
+    from ..families.self_attention import fast_path_layers
+
+    fast = fast_path_layers(model)
+    if fast:  # their GEMMs are censused, but a compiled eval model under no_grad serves them in one native op each
+        log.warning("--model %s: %d nn.TransformerEncoderLayer(s) (%s%s) meet PyTorch's fused fast-path conditions: "
+                    "served in eval under torch.no_grad() each is one native op and backend=\"oasr\" serves none "
+                    "of its GEMMs, so their points below would be tuned for nothing. They are served after "
+                    "torch.backends.mha.set_fastpath_enabled(False), or quantized (--quantization)",
+                    args.model, len(fast), ", ".join(fast[:3]), ", ..." if len(fast) > 3 else "")
     try:
         c = census_for_model(model, info, service_mode=args.service_mode, max_batch_size=args.max_batch_size,
                              durations=durations, time_granularity=args.time_granularity,
@@ -248,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
                          "input; the model's census_info sets their defaults)") from None
     for cap in args.capture:
         merge_capture(c, cap)
-    c.info.update({"model": args.model, "model_args": model_args, "census_info": info,
+    c.info.update({"model": args.model, "model_args": model_args, "census_info": info, "fast_path_layers": fast,
                    "quantization": args.quantization,
                    "manifest": args.manifest, "captures": list(args.capture)})
     doc = c.to_json()
