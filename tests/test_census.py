@@ -14,6 +14,7 @@ import torch
 from examples import conformer, whisper
 from oasr_ops.inductor.capture import GemmRecorder, read_capture, write_counts
 from oasr_ops.tune import census as C
+from oasr_ops.tune.census_model import build_for_census
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "manifests" / "librispeech_like_200.jsonl"
@@ -24,7 +25,7 @@ DW = "conv1d|op=conv1d_btc|dt=half|N=256|K=31"     # the depthwise conv of the c
 
 @pytest.fixture(scope="module")
 def conformer_census():
-    model = C.build_for_census(conformer.build_model, {"size": "S", "dtype": "bf16", "num_layers": "2"})
+    model = build_for_census(conformer.build_model, {"size": "S", "dtype": "bf16", "num_layers": "2"})
     durations = C.read_manifest(MANIFEST)
     c = C.census_for_model(model, conformer.census_info, service_mode="offline", max_batch_size=32,
                            durations=durations)
@@ -89,7 +90,7 @@ def test_conformer_census_signatures_and_weights(conformer_census):
 
 
 def test_symbolic_trace_matches_concrete_trace(conformer_census):
-    model = C.build_for_census(conformer.build_model, {"size": "S", "dtype": "bf16", "num_layers": "2"})
+    model = build_for_census(conformer.build_model, {"size": "S", "dtype": "bf16", "num_layers": "2"})
     make, dims = C.input_maker(model, conformer.census_info)
     tracer = C.ModelTracer(model, make, dims)
     params = list(tracer.params.values())
@@ -102,7 +103,7 @@ def test_symbolic_trace_matches_concrete_trace(conformer_census):
 
 
 def test_whisper_census_keys_at_the_fixed_window():
-    model = C.build_for_census(whisper.build_model, {"size": "tiny", "num_layers": "1"})
+    model = build_for_census(whisper.build_model, {"size": "tiny", "num_layers": "1"})
     c = C.census_for_model(model, whisper.census_info, service_mode="offline", max_batch_size=4,
                            durations=[5.0, 12.0, 31.0])
     doc = c.to_json()
@@ -112,7 +113,7 @@ def test_whisper_census_keys_at_the_fixed_window():
 
 
 def test_streaming_census_cohort_widths():
-    model = C.build_for_census(conformer.build_model, {"size": "S", "dtype": "fp16", "num_layers": "1"})
+    model = build_for_census(conformer.build_model, {"size": "S", "dtype": "fp16", "num_layers": "1"})
     c = C.census_for_model(model, conformer.census_info, service_mode="streaming", max_batch_size=8,
                            chunk_size=16)
     doc = c.to_json()

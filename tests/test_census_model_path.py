@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oasr_ops.tune.census import load_builder
+from oasr_ops.tune.census_model import load_builder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..paths import write_text_atomic
-from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, CensusInputError, _parse_model_args,
-                     build_for_census, census_for_model, coerce_model_args, load_builder, merge_capture, read_manifest)
+from .census import (DEFAULT_MAX_KEYS, DEFAULT_STEPS, DEFAULT_TIME_GRANULARITY, CensusInputError, census_for_model,
+                     merge_capture, read_manifest)
+from .census_model import _parse_model_args, build_for_census, coerce_model_args, load_builder
 
 log = logging.getLogger("oasr_ops.tune.census")
 
