@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
     if fast:  # their GEMMs are censused, but a compiled eval model under no_grad serves them in one native op each
         log.warning("--model %s: %d nn.TransformerEncoderLayer(s) (%s%s) meet PyTorch's fused fast-path conditions: "
                     "served in eval under torch.no_grad() each is one native op and backend=\"oasr\" serves none "
-                    "of its GEMMs, so their points below would be tuned for nothing. They are served after "
+                    "of its GEMMs, so their points in this census would be tuned for nothing. They are served after "
                     "torch.backends.mha.set_fastpath_enabled(False), or quantized (--quantization)",
                     args.model, len(fast), ", ".join(fast[:3]), ", ..." if len(fast) > 3 else "")
     try:
