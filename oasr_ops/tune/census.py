@@ -141,6 +141,24 @@ def meta_stand_in(desc: tuple) -> tuple[Any, Any]:
     return torch.empty(shape, dtype=dtype, device="meta", requires_grad=bool(grad and grad[0])), torch.device(device)
 
 
+def fake_tensor(mode: Any, t: Any, symbolic_context: Any = None) -> Any:
+    """A FakeTensor of `mode` for `t` (a tensor, or a `describe_inputs` tuple through `meta_stand_in`), static
+    unless a `symbolic_context` is given, on the device `t` stands for."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        t, real_device = meta_stand_in(t)
+    else:
+        real_device = t.device
+    if symbolic_context is not None:
+        f = mode.from_tensor(t, symbolic_context=symbolic_context)
+    else:
+        f = mode.from_tensor(t, static_shapes=True)
+    if real_device.type != "meta" and f.device != real_device:
+        f.fake_device = real_device  # a meta stand-in for a tensor of another device
+    return f
+
+
 def _decomps() -> dict:
     from torch._inductor.decomposition import select_decomp_table
 
@@ -168,20 +186,12 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
     for i, t in enumerate(tensor_args):
-        if not isinstance(t, torch.Tensor):
-            t, real_device = meta_stand_in(t)
-        else:
-            real_device = t.device
         dyn_dims = set((dynamic or {}).get(i, []))
-        sizes = [DimDynamic.DYNAMIC if (d in dyn_dims and t.shape[d] > 1) else DimDynamic.STATIC
-                 for d in range(t.dim())]
-        if any(s is DimDynamic.DYNAMIC for s in sizes):
-            f = mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
-        else:
-            f = mode.from_tensor(t, static_shapes=True)
-        if real_device.type != "meta" and f.device != real_device:
-            f.fake_device = real_device  # a meta stand-in for a tensor of another device
-        fakes.append(f)
+        shape = t.shape if isinstance(t, torch.Tensor) else t[0]
+        sizes = [DimDynamic.DYNAMIC if (d in dyn_dims and shape[d] > 1) else DimDynamic.STATIC
+                 for d in range(len(shape))]
+        fakes.append(fake_tensor(mode, t, StatelessSymbolicContext(dynamic_sizes=sizes)
+                                 if any(s is DimDynamic.DYNAMIC for s in sizes) else None))
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=_decomps(), tracing_mode="symbolic")(*fakes)
     gm.graph.eliminate_dead_code()
@@ -373,28 +383,25 @@ def input_maker(model: Any, info: dict[str, Any]) -> tuple[Callable[[int, int], 
 
 class CensusInputError(ValueError):
     """The model's forward rejects the input the census built from its ``census_info`` (the user's mismatch, not
-    ours: the CLI reports it as one line naming the flags that shape the input)."""
+    ours; the model's exception is the cause: the CLI reports both as one line naming the flags that shape the
+    input)."""
 
 
 def check_input_fits(model: Any, make: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
                      batch: int, frames: int) -> None:
     """Run the model once on a FakeTensor of the census's input for (``batch``, ``frames``): a model that expects
-    another width or layout fails here with `CensusInputError` and its own message, before a trace would bury it
-    in a decomposition's traceback."""
+    another width or layout fails here with `CensusInputError` caused by its own exception, before a trace would
+    bury it in a decomposition's traceback."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    shape, dtype, device = make(batch, frames)
+    shape, dtype, device = desc = make(batch, frames)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
-        x = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), static_shapes=True)
-        if device.type != "meta":
-            x.fake_device = device
+        x = fake_tensor(mode, desc)
         try:
             model(x)
         except Exception as e:  # noqa: BLE001 - whatever the model raises is the message the user needs
-            text = " ".join(str(e).split())[:300]
-            raise CensusInputError(f"the model's forward rejects the census input {list(shape)} ({dtype}): "
-                                   f"{type(e).__name__}: {text}") from e
+            raise CensusInputError(f"the model's forward rejects the census input {list(shape)} ({dtype})") from e
 
 
 def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max_batch_size: int,

@@ -254,8 +254,8 @@ def main(args: argparse.Namespace) -> int:
                              progress=True)
     except CensusInputError as e:
         log.debug("the model's forward on the census input raised:", exc_info=True)
-        raise UsageError(f"--model {args.model}: {e} (--n-mels, --input-layout and --fixed-window shape the "
-                         "input; the model's census_info sets their defaults)") from None
+        raise UsageError(f"--model {args.model}: {e}: {_one_line(e.__cause__)} (--n-mels, --input-layout and "
+                         "--fixed-window shape the input; the model's census_info sets their defaults)") from None
     for cap in args.capture:
         merge_capture(c, cap)
     c.info.update({"model": args.model, "model_args": model_args, "census_info": info, "fast_path_layers": fast,

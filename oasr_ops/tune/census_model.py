@@ -87,8 +87,7 @@ def coerce_model_args(builder: Callable[..., Any], args: dict[str, str]) -> dict
     examples do) gets that type; anything else stays a string. ValueError names the argument and the type."""
     import torch
 
-    dtypes = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
-              "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+    short = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}  # the rest: torch's own names
     try:
         params = inspect.signature(builder).parameters
     except ValueError:  # a builtin without a signature
@@ -113,9 +112,10 @@ def coerce_model_args(builder: Callable[..., Any], args: dict[str, str]) -> dict
                                  f"{default!r})") from None
         elif isinstance(default, torch.dtype):
             name = v.lower().removeprefix("torch.")
-            if name not in dtypes:
-                raise ValueError(f"--model-args {k}={v!r}: not a dtype ({', '.join(sorted(dtypes))})")
-            out[k] = dtypes[name]
+            dt = getattr(torch, short.get(name, name), None)
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"--model-args {k}={v!r}: not a dtype (fp16, bf16, fp32 or a torch dtype name)")
+            out[k] = dt
         else:
             out[k] = v
     return out
