@@ -62,6 +62,19 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-args", default="", help="k=v,... passed to the inputs function")
 
 
+def with_fastpath(fn, enabled: bool):
+    """`fn` called with PyTorch's MHA / TransformerEncoderLayer fast path on or off (Dynamo reads the setting while
+    tracing, and guards on it): off, a stock encoder's Linears reach the backend's passes."""
+    def call(*args):
+        was = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(enabled)
+        try:
+            return fn(*args)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(was)
+    return call
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(p)
@@ -99,16 +112,6 @@ def main() -> int:
            "oasr": torch.compile(copy.deepcopy(model), backend=oasr_backend, options=oasr_opts)}
     # each backend compiles and runs with its own fast-path setting (Dynamo reads it while tracing)
     fast = {"inductor": a.mha_fastpath == "on" or a.mha_fastpath == "off-for-oasr", "oasr": a.mha_fastpath == "on"}
-
-    def with_fastpath(fn, enabled):
-        def call(*args):
-            was = torch.backends.mha.get_fastpath_enabled()
-            torch.backends.mha.set_fastpath_enabled(enabled)
-            try:
-                return fn(*args)
-            finally:
-                torch.backends.mha.set_fastpath_enabled(was)
-        return call
     fns = {name: with_fastpath(fn, fast[name]) for name, fn in fns.items()}
     if a.autocast:
         ac_dtype = torch.float16 if a.autocast == "fp16" else torch.bfloat16

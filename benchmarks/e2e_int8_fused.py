@@ -15,7 +15,9 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
   oasr.layer_norm_quant(scheme="fp8")) and, with --with-unfused, fp8-all (every qualifying layer fp8, fusion pass
   off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
   (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res,
-  -sib and -act-res compiled with Inductor's freezing, -frz, and the frozen baseline fp16-frz).
+  -sib and -act-res compiled with Inductor's freezing, -frz, and the frozen baseline fp16-frz). --with-options
+  adds the in-graph path (`options={"quantization": ...}` on the fp16 model, fuse_quantization=True) for either
+  scheme: -opt-all, -opt-fusable, -opt-fusable-cal (see --help).
 R rounds alternate the variants (order reversed every round); each round keeps the median of --iters calls
 timed with CUDA events. Accuracy vs the same weights in fp32 (eager): max |out - ref| / max |ref|, and a
 task-level proxy: a random-init CTC head (Linear(d, --vocab), seed 123, blank = 0) on every variant's output,
@@ -189,6 +191,11 @@ def main() -> int:
                    help="also time int8-fused-act-res-fp16conv: int8-fused-act-res with the frontend's convs left "
                         "fp16 (Int8W8A8Config(convs=False): the int8 layers before session 10), to measure what the "
                         "int8 second conv and the first conv's int8 output add")
+    p.add_argument("--with-options", action="store_true",
+                   help="also time the in-graph path (options={'quantization': ...}) on the fp16 model: "
+                        "<q>-opt-all (every qualifying layer, uncalibrated), <q>-opt-fusable (layers='fusable', "
+                        "uncalibrated: the layers after a LayerNorm), <q>-opt-fusable-cal (the model calibrated "
+                        "first: fc2 too); with --with-freezing also <q>-opt-all-frz and <q>-opt-fusable-cal-frz")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -215,7 +222,7 @@ def main() -> int:
     a = p.parse_args()
 
     import oasr_ops
-    from e2e_compare import _load
+    from e2e_compare import _load, with_fastpath
 
     if a.recursive_dict_tags:
         if not hasattr(torch._dynamo.config, "use_recursive_dict_tags_for_guards"):
@@ -340,6 +347,24 @@ def main() -> int:
             variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
                                    {"fuse_quantization": False})
         variants.update(budget_variants)
+    if a.with_options:  # the in-graph path: the fp16 model itself, quantized by the backend's graph pass
+        q, cfg_type = a.quantization.split("_")[0], oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config
+
+        def calibrated():  # each its own copy: a scale is kept per weight (a deepcopy's weights have none)
+            m = copy.deepcopy(model)
+            oasr_ops.calibrate(m, calib, scheme=a.quantization)  # plain layers: the scale goes into the graph
+            return m
+
+        opt_variants = {
+            f"{q}-opt-all": (copy.deepcopy(model), {"quantization": a.quantization}),
+            f"{q}-opt-fusable": (copy.deepcopy(model), {"quantization": cfg_type(layers="fusable")}),
+            f"{q}-opt-fusable-cal": (calibrated(), {"quantization": cfg_type(layers="fusable")})}
+        if a.with_freezing:
+            opt_variants[f"{q}-opt-all-frz"] = (copy.deepcopy(model), {"quantization": a.quantization, FREEZE: True})
+            opt_variants[f"{q}-opt-fusable-cal-frz"] = (calibrated(),
+                                                        {"quantization": cfg_type(layers="fusable"), FREEZE: True})
+        for name, (m, opts) in opt_variants.items():
+            variants[name] = (m, oasr_backend, {**opts, "fuse_quantization": True, "fuse_siblings": False})
     if a.only:
         keep = {"fp16", *a.only.split(",")}
         unknown = keep - set(variants)
@@ -363,6 +388,8 @@ def main() -> int:
                 fn = torch.compile(m, backend="inductor", mode=mode)
             else:
                 fn = torch.compile(m, backend=backend, options={**opts, "mode": mode})
+            if "-opt-" in name:  # the fp16 model itself: a stock encoder's fast path would hide its Linears
+                fn = with_fastpath(fn, False)
             t0 = time.perf_counter()
             with torch._inductor.config.patch(freezing=freeze):  # traced and compiled on this first call
                 out = fn(*x)

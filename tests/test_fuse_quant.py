@@ -4,6 +4,7 @@ calibrated -> oasr.scaled_mm_act_quant feeding fc2; no node re-reads an activati
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -97,14 +98,26 @@ def test_quantize_then_calibrate_fuses_the_same_way_and_matches_the_ops():
     assert torch.equal(out, want)
 
 
-def test_without_calibration_the_layer_norm_fuses_and_fc2_stays_dynamic():
+def test_without_calibration_the_layer_norm_fuses_and_fc2_stays_dynamic(monkeypatch):
+    from oasr_ops.inductor import backend
+    from oasr_ops.runtime.plans import WarnOnce
+
     model = Block().to(torch.float16).eval()
     q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8")
     x = torch.randn(2, 9, 64, dtype=torch.float16)
-    _out, graph = _compile(q, x)
+    monkeypatch.setattr(backend, "_warn_once", WarnOnce())  # its once-per-process memory, fresh for this test
+    with pytest.warns(UserWarning, match=r"1 quantized layer input\(s\) keep a separate quantization pass "
+                                         r"\(.*gelu.*calibrate.*fusable_filter"):
+        _out, graph = _compile(q, x)
     assert len(_calls(graph, OPS.layer_norm_quant)) == 1 and not _calls(graph, OPS.scaled_mm_act_quant)
     rep = fuse_quant.fuse_log()[-1]
     assert rep.act_quant == 0 and len(rep.unfused) == 1 and "gelu" in rep.unfused[0]
+    # calibrated, everything fuses: no such warning
+    oasr_ops.calibrate(q, [x])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _compile(q, x)
+    assert not [w for w in seen if "separate quantization pass" in str(w.message)], [str(w.message) for w in seen]
 
 
 def test_layer_norm_with_another_consumer_writes_the_normalized_row():
@@ -195,8 +208,6 @@ def test_calibrating_a_compiled_model_calibrates_the_module_it_wraps():
 def test_recalibrating_a_plain_model_after_compiling_it_says_the_graph_keeps_the_old_scales():
     """options={"quantization": ...} bakes a plain layer's calibrated scale into the graph it compiles; calibrating
     again changes what the next compile bakes, not that graph: one warning says so (it was silent)."""
-    import warnings
-
     model = Block().half().eval()
     x = torch.randn(2, 5, 64, dtype=torch.float16)
     oasr_ops.calibrate(model, [x * 0.01])

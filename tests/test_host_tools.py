@@ -19,11 +19,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_host_overhead_with_the_hot_path(tmp_path):
+def test_host_overhead_with_the_hot_path(tmp_path, hot_path_jit):
     out = tmp_path / "host.json"
     r = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--calls", "20", "--blocks", "1", "--hot-path",
                         "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900,
-                       env={**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit")})
+                       env={**os.environ, "OASR_JIT_DIR": str(hot_path_jit)})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["us_per_call"]
     answered = json.loads(out.read_text())["cpp_answered_calls"]
@@ -62,6 +62,30 @@ def test_e2e_serving_cpu_smoke_fixed_window(tmp_path):
     assert set(res["graphs"]) == {"fp16-oasr", "int8-ln"}
     assert all(len(v) == 2 for v in res["rel_err"].values())
     assert res["worst_rel_err"]["fp16-oasr"] < 1e-2 and res["worst_rel_err"]["int8-ln"] < 2e-2
+
+
+@pytest.mark.slow
+def test_e2e_int8_fused_cpu_smoke_of_the_in_graph_variants(tmp_path):
+    """benchmarks/e2e_int8_fused.py --with-options (the device step e2e-*-int8-opt) on a one-layer stock encoder:
+    each in-graph variant compiles, gets the fusion its layer choice allows and stays near fp32."""
+    out = tmp_path / "opt.json"
+    r = _run("benchmarks/e2e_int8_fused.py", "--device", "cpu", "--model", "benchmarks.stock_transformer:build_model",
+             "--model-args", "d=64,heads=4,ffn=256,layers=1", "--inputs", "benchmarks.stock_transformer:example_inputs",
+             "--input-args", "batch=2,frames=20,d=64", "--calib-batches", "2", "--with-options",
+             "--only", "int8-opt-all,int8-opt-fusable,int8-opt-fusable-cal", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    fusion = res["fusion"]
+    assert set(fusion) == {"int8-opt-all", "int8-opt-fusable", "int8-opt-fusable-cal"}
+    # every variant: the LayerNorms before the packed in-projection and fc1 become layer_norm_quant
+    assert all(f["layer_norm_quant"] == 2 for f in fusion.values()), fusion
+    # "all": out_proj and fc2 quantized too, each by a separate per-token pass (no producer to fuse into)
+    assert fusion["int8-opt-all"]["act_quant"] == 0 and len(fusion["int8-opt-all"]["unfused"]) == 2, fusion
+    # "fusable": fc2 only once calibrated (fc1's epilogue then quantizes GELU's output with the static scale)
+    assert fusion["int8-opt-fusable"]["act_quant"] == 0 and not fusion["int8-opt-fusable"]["unfused"], fusion
+    assert fusion["int8-opt-fusable-cal"]["act_quant"] == 1 and not fusion["int8-opt-fusable-cal"]["unfused"], fusion
+    assert set(res["accuracy"]) == {"fp16", *fusion}
+    assert all(acc["rel_err_vs_fp32"] < 3e-2 for acc in res["accuracy"].values()), res["accuracy"]
 
 
 def _lib_with_fatbin(tmp_path: Path, name: str, blob: bytes | None) -> Path:

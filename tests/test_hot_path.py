@@ -215,8 +215,8 @@ print("OK")
 
 
 @pytest.mark.slow
-def test_cpp_hot_path_on_cpu(tmp_path):
-    env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}
+def test_cpp_hot_path_on_cpu(hot_path_jit):
+    env = {**os.environ, "OASR_JIT_DIR": str(hot_path_jit), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", f"STUB = {RECORDING_STUB!r}\n" + SCRIPT], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-5000:]
@@ -243,8 +243,9 @@ print("OK")
 
 @pytest.mark.slow
 def test_backend_switches_the_hot_path_on_inside_a_real_compile(tmp_path):
-    """The backend enables the hot path from inside Dynamo's compile (a real torch.compile, the real build): no
-    tracing mode sees the registration, the compiled model still computes the model."""
+    """The backend enables the hot path from inside Dynamo's compile (a real torch.compile, the real build from an
+    empty JIT directory: the only test that leaves the build to `enable`, the others start from `hot_path_jit`'s
+    copy): no tracing mode sees the registration, the compiled model still computes the model."""
     env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=900)
@@ -658,13 +659,13 @@ print("OK")
 
 
 @pytest.mark.slow
-def test_cpp_hot_path_int8_gemms_and_conv_on_cpu(tmp_path):
+def test_cpp_hot_path_int8_gemms_and_conv_on_cpu(hot_path_jit):
     """The int8 GEMMs, the depthwise conv and layer_norm_quant through the C++ hot path with recording stub
     launchers: each second call is answered in C++ with the launch the Python path made (every pointer, flag and
     shape; alpha's and eps's fp32 bits), a row the LayerNorm kernel refuses goes to Python's warned reference, an
     out_scale is taken only at a version Python checked, bad calls get the Python errors, misaligned operands its
     fallback, the torch arm stays Python, plans are forgotten with the Python ones, grad raises at backward."""
-    env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OASR_JIT_DIR": str(hot_path_jit), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", f"STUB = {RECORDING_FAMILY_STUB!r}\n" + FAMILY_SCRIPT], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-5000:]

@@ -87,7 +87,7 @@ print("ok")
 
 
 @pytest.mark.slow
-def test_a_served_model_calls_no_oasr_op_through_python_once_warm(tmp_path):
-    env = {**os.environ, "OASR_JIT_DIR": str(tmp_path / "jit"), "PYTHONPATH": str(ROOT)}  # the hot path built here
+def test_a_served_model_calls_no_oasr_op_through_python_once_warm(hot_path_jit):
+    env = {**os.environ, "OASR_JIT_DIR": str(hot_path_jit), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-5000:]

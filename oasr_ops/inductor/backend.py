@@ -236,7 +236,14 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     if fuse:
         from .fuse_quant import fuse_quantization
 
-        fuse_quantization(gm, layer_norms=fuse is True)
+        report = fuse_quantization(gm, layer_norms=fuse is True)
+        if report.unfused:  # the layers quantize_ / options quantized that the pass could not fuse: say what pays
+            _warn_once("unfused-quantization", f"fuse_quantization: {len(report.unfused)} quantized layer input(s) "
+                       f"keep a separate quantization pass ({report.unfused[0]}). Measured on the H200 "
+                       "(docs/perf/e2e.md), such layers run no faster, or slower, than in 16 bits. An fc2 after a "
+                       "quantized fc1 + GELU/SiLU fuses once calibrated (oasr_ops.calibrate before compiling); leave "
+                       "the others unquantized: quantize_ with filter_fn=oasr_ops.fusable_filter(model, *inputs), "
+                       "or options={'quantization': Int8W8A8Config(layers='fusable')}.")
     # int8 GEMM + residual add -> oasr.scaled_mm_residual. On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.
