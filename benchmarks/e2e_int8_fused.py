@@ -348,7 +348,8 @@ def main() -> int:
                                    {"fuse_quantization": False})
         variants.update(budget_variants)
     if a.with_options:  # the in-graph path: the fp16 model itself, quantized by the backend's graph pass
-        q, cfg_type = a.quantization.split("_")[0], oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config
+        q = a.quantization.split("_")[0]
+        fusable = (oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config)(layers="fusable")
 
         def calibrated():  # each its own copy: a scale is kept per weight (a deepcopy's weights have none)
             m = copy.deepcopy(model)
@@ -357,12 +358,11 @@ def main() -> int:
 
         opt_variants = {
             f"{q}-opt-all": (copy.deepcopy(model), {"quantization": a.quantization}),
-            f"{q}-opt-fusable": (copy.deepcopy(model), {"quantization": cfg_type(layers="fusable")}),
-            f"{q}-opt-fusable-cal": (calibrated(), {"quantization": cfg_type(layers="fusable")})}
+            f"{q}-opt-fusable": (copy.deepcopy(model), {"quantization": fusable}),
+            f"{q}-opt-fusable-cal": (calibrated(), {"quantization": fusable})}
         if a.with_freezing:
             opt_variants[f"{q}-opt-all-frz"] = (copy.deepcopy(model), {"quantization": a.quantization, FREEZE: True})
-            opt_variants[f"{q}-opt-fusable-cal-frz"] = (calibrated(),
-                                                        {"quantization": cfg_type(layers="fusable"), FREEZE: True})
+            opt_variants[f"{q}-opt-fusable-cal-frz"] = (calibrated(), {"quantization": fusable, FREEZE: True})
         for name, (m, opts) in opt_variants.items():
             variants[name] = (m, oasr_backend, {**opts, "fuse_quantization": True, "fuse_siblings": False})
     if a.only:

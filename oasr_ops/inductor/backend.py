@@ -243,7 +243,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
                        "(docs/perf/e2e.md), such layers run no faster, or slower, than in 16 bits. An fc2 after a "
                        "quantized fc1 + GELU/SiLU fuses once calibrated (oasr_ops.calibrate before compiling); leave "
                        "the others unquantized: quantize_ with filter_fn=oasr_ops.fusable_filter(model, *inputs), "
-                       "or options={'quantization': Int8W8A8Config(layers='fusable')}.")
+                       "or options={'quantization': Int8W8A8Config(layers='fusable')} (Fp8W8A8Config for fp8).")
     # int8 GEMM + residual add -> oasr.scaled_mm_residual. On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.
