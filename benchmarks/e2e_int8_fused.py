@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import sys
@@ -378,16 +379,29 @@ def main() -> int:
                     "first_call_s": {}, "accuracy": {}, "round_ms": {}}
     if budget_variants:
         res["error_budget"] = budget_info
+    # No torch.compiler.reset() between variants: it drops every earlier variant's compiled code, which then
+    # recompiles lazily inside the first timed round — outside its freezing patch (a -frz variant timed unfrozen)
+    # and after the tree of CUDA graphs was reset. Every variant is the same model class, so all share one forward
+    # code object: Dynamo keeps one cache entry per backend there, up to its recompile limit (8), beyond which a
+    # variant would silently run eager. Raise the limit to the number of variants.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(variants) + 8)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           16 * len(variants) + 64)
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
-            torch.compiler.reset()
             before, before_res, before_sib = len(fuse_quant.fuse_log()), len(residual_log()), len(sibling_log())
             opts = dict(opts)
             freeze = opts.pop(FREEZE, False)
+            # A backend per variant that compares unequal to every other: Dynamo reuses a cache entry across
+            # instances of one class when the backends compare equal (torch.compile's wrappers compare their
+            # options), so two variants whose options differ only in the model's calibration or in the freezing
+            # patch would run one compiled graph (seen on the CPU: -opt-fusable-cal-frz ran -opt-fusable's).
             if backend == "inductor":
-                fn = torch.compile(m, backend="inductor", mode=mode)
+                fn = (torch.compile(m, backend="inductor", options={**torch._inductor.list_mode_options(mode),
+                                                                    "freezing": True}) if freeze else
+                      torch.compile(m, backend="inductor", mode=mode))
             else:
-                fn = torch.compile(m, backend=backend, options={**opts, "mode": mode})
+                fn = torch.compile(m, backend=functools.partial(backend, options={**opts, "mode": mode}))
             if "-opt-" in name:  # the fp16 model itself: a stock encoder's fast path would hide its Linears
                 fn = with_fastpath(fn, False)
             t0 = time.perf_counter()
