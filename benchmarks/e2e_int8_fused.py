@@ -387,6 +387,7 @@ def main() -> int:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(variants) + 8)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            16 * len(variants) + 64)
+    first_out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
             before, before_res, before_sib = len(fuse_quant.fuse_log()), len(residual_log()), len(sibling_log())
@@ -413,6 +414,7 @@ def main() -> int:
             for _ in range(3 if cuda else 0):
                 out = fn(*x)
             res["accuracy"][name] = accuracy(out, ref, head, ref_tokens, ref_argmax)
+            first_out[name] = out.detach().float().clone()
             reps = fuse_quant.fuse_log()[before:]
             if reps:
                 res.setdefault("fusion", {})[name] = {
@@ -446,6 +448,18 @@ def main() -> int:
                 res.setdefault("pipelined_ms", {}).setdefault(name, []).append(piped)
             print(f"round {r}: " + "  ".join(f"{n} {res['round_ms'][n][-1]:.3f} ms (host {res['host_call_ms'][n][-1]:.3f},"
                                              f" pipelined {res['pipelined_ms'][n][-1]:.3f})" for n in fns), flush=True)
+        # Each variant, after every other was compiled and timed, must still run the graph it was compiled (and
+        # its accuracy measured) with: the same output as its first call, up to run-to-run noise. A variant that
+        # ran another's graph (a calibrated one running the uncalibrated, a frozen one the unfrozen) differs by
+        # the quantization's error. Recorded per variant; a mismatch is printed.
+        res["same_graph_after_timing"] = {}
+        for name, fn in fns.items():
+            again = fn(*x).float()
+            drift = ((again - first_out[name]).abs().max() / first_out[name].abs().max().clamp_min(1e-12)).item()
+            res["same_graph_after_timing"][name] = {"rel_drift": drift, "same": drift < 1e-3}
+            if drift >= 1e-3:
+                print(f"WARNING: {name} no longer runs its own compiled graph (output drift {drift:.2e} vs its "
+                      f"first call): its timings are of another variant's graph", flush=True)
         if a.host_profile and cuda:  # inside no_grad: a call with grad on would recompile (and fail: no backward)
             res["host_profile"] = {n: host_profile(fns[n], x, a.host_profile) for n in fns}
     if cuda:

@@ -72,11 +72,12 @@ def test_e2e_int8_fused_cpu_smoke_of_the_in_graph_variants(tmp_path):
     r = _run("benchmarks/e2e_int8_fused.py", "--device", "cpu", "--model", "benchmarks.stock_transformer:build_model",
              "--model-args", "d=64,heads=4,ffn=256,layers=1", "--inputs", "benchmarks.stock_transformer:example_inputs",
              "--input-args", "batch=2,frames=20,d=64", "--calib-batches", "2", "--with-options",
-             "--only", "int8-opt-all,int8-opt-fusable,int8-opt-fusable-cal", "--out", str(out))
+             "--with-freezing", "--only", "int8-opt-all,int8-opt-fusable,int8-opt-fusable-cal,int8-opt-fusable-cal-frz",
+             "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     fusion = res["fusion"]
-    assert set(fusion) == {"int8-opt-all", "int8-opt-fusable", "int8-opt-fusable-cal"}
+    assert set(fusion) == {"int8-opt-all", "int8-opt-fusable", "int8-opt-fusable-cal", "int8-opt-fusable-cal-frz"}
     # every variant: the LayerNorms before the packed in-projection and fc1 become layer_norm_quant
     assert all(f["layer_norm_quant"] == 2 for f in fusion.values()), fusion
     # "all": out_proj and fc2 quantized too, each by a separate per-token pass (no producer to fuse into)
@@ -84,6 +85,10 @@ def test_e2e_int8_fused_cpu_smoke_of_the_in_graph_variants(tmp_path):
     # "fusable": fc2 only once calibrated (fc1's epilogue then quantizes GELU's output with the static scale)
     assert fusion["int8-opt-fusable"]["act_quant"] == 0 and not fusion["int8-opt-fusable"]["unfused"], fusion
     assert fusion["int8-opt-fusable-cal"]["act_quant"] == 1 and not fusion["int8-opt-fusable-cal"]["unfused"], fusion
+    assert fusion["int8-opt-fusable-cal-frz"] == fusion["int8-opt-fusable-cal"], fusion
+    # every variant still runs its own graph after the others compiled: Dynamo reused one variant's cache entry for
+    # another whose backend compared equal (-opt-fusable-cal-frz ran -opt-fusable's graph, session 32)
+    assert all(v["same"] for v in res["same_graph_after_timing"].values()), res["same_graph_after_timing"]
     assert set(res["accuracy"]) == {"fp16", *fusion}
     assert all(acc["rel_err_vs_fp32"] < 3e-2 for acc in res["accuracy"].values()), res["accuracy"]
 
