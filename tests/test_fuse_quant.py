@@ -220,6 +220,33 @@ def test_recalibrating_a_plain_model_after_compiling_it_says_the_graph_keeps_the
         oasr_ops.calibrate(model, [x])  # the same amax again: nothing stale, silent
 
 
+def test_a_graph_reused_for_another_instance_with_other_calibrated_scales_raises_instead_of_running_wrong():
+    """Dynamo reuses a compiled graph for another instance of the same class when the backends compare equal
+    (equal options). The weights are graph inputs (the second model's flow in); the calibrated scales
+    `options={"quantization": ...}` baked are the first model's: the second ran silently wrong (1.5e-1 vs fp32
+    instead of 1.6e-2, session 32). The graph now checks the weights it receives; an instance with the same
+    calibration runs, one with another raises naming the layer; a reset compiles each model its own graph."""
+    torch.manual_seed(0)
+    first = Block().to(torch.bfloat16).eval()
+    same, other = copy.deepcopy(first), copy.deepcopy(first)
+    with torch.no_grad():
+        other.fc1.weight.mul_(10)  # fc2's input 10x larger: its calibrated scale 10x
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    for m in (first, same, other):
+        oasr_ops.calibrate(m, [x])
+    opts = {"quantization": oasr_ops.Int8W8A8Config(layers="fusable"), "fuse_quantization": True}
+    with torch.no_grad():
+        want_first = torch.compile(first, backend=oasr_backend, options=dict(opts))(x)
+        got_same = torch.compile(same, backend=oasr_backend, options=dict(opts))(x)  # same scales: runs
+        torch.testing.assert_close(got_same, want_first, rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match="baked the calibrated input scale .* another module's weight"):
+            torch.compile(other, backend=oasr_backend, options=dict(opts))(x)
+        torch.compiler.reset()
+        got_other = torch.compile(other, backend=oasr_backend, options=dict(opts))(x)
+        ref = other.float()(x.float())
+    assert (got_other.float() - ref).abs().max() / ref.abs().max() < 3e-2
+
+
 def test_calibration_round_trips_through_the_state_dict():
     model = Block().half().eval()
     x = torch.randn(2, 5, 64, dtype=torch.float16)

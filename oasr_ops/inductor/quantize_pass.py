@@ -23,6 +23,7 @@ call — one fused memory-bound kernel per layer reading the fp16 weight, which 
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -113,7 +114,7 @@ def _emit_quantized_conv2d(gm: torch.fx.GraphModule, x, w, b, stride, padding, w
     return g.call_method("permute", (y, 0, 3, 1, 2))
 
 
-def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool) -> int:
+def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool, baked: list) -> int:
     """Every qualifying conv2d of `gm` (a parameter weight `conv_qualifies` would take; with `fusable_only`, only the
     calibrated ones whose quantization the fusion pass absorbs) -> `_emit_quantized_conv2d`; returns how many."""
     wanted = set(fusable_convs(gm)) if fusable_only else None
@@ -133,6 +134,8 @@ def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool
             continue
         with gm.graph.inserting_before(node):
             new = _emit_quantized_conv2d(gm, x, w, b, stride, padding, wv, scale)
+        if scale is not None:
+            baked.append(BakedScale(w, wv, QMAX_OF["int8_w8a8"], float(scale.reshape(-1)[0])))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
@@ -140,11 +143,25 @@ def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool
     return done
 
 
-def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any) -> int:
+@dataclass(frozen=True)
+class BakedScale:
+    """A calibrated input scale `quantize_graph` put into the graph as a constant: the weight's node, the
+    parameter it was read from, the scheme's qmax and the value."""
+
+    weight_node: torch.fx.Node
+    weight: torch.nn.Parameter
+    qmax: float
+    value: float
+
+
+def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: Any,
+                   baked: list[BakedScale] | None = None) -> int:
     """Rewrite `gm` in place; returns how many layers were quantized (linears, and int8 convs with
     ``Int8W8A8Config.convs``). `scheme`: ``"int8_w8a8"``, ``"fp8_w8a8"``
     or their configs (what `quantize_` accepts). ValueError for anything else. A layer calibrated with
-    `oasr_ops.calibrate` carries its scale into the graph (a constant) for the fusion pass."""
+    `oasr_ops.calibrate` carries its scale into the graph (a constant) for the fusion pass; each such constant is
+    appended to `baked` (`calibration_guard` checks them per call)."""
+    baked = [] if baked is None else baked
     try:
         cfg = as_quant_config(scheme)
     except ValueError as e:
@@ -164,7 +181,7 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
     fusable_only = getattr(cfg, "layers", None) == "fusable"
     if fusable_only:
         wanted = set(fusable_linears(gm, value_of))
-    done = _quantize_convs(gm, value_of, fusable_only) if getattr(cfg, "convs", False) else 0
+    done = _quantize_convs(gm, value_of, fusable_only, baked) if getattr(cfg, "convs", False) else 0
     fp32 = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
@@ -186,9 +203,11 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         n, k = wv.shape
         if k % 16 or n % ops.n_align:
             continue
+        scale = calibrated_scale(wv, ops.qmax)
+        if scale is not None:
+            baked.append(BakedScale(w, wv, ops.qmax, float(scale.reshape(-1)[0])))
         with gm.graph.inserting_before(node):
-            new = _emit_quantized_linear(gm, ops, x, w, b, cfg.kernel, wv, calibrated_scale(wv, ops.qmax),
-                                         out_dtype)
+            new = _emit_quantized_linear(gm, ops, x, w, b, cfg.kernel, wv, scale, out_dtype)
             # restore_rows gives x's dtype; under autocast a bf16 layer takes an fp32 x and returns bf16: keep the
             # dtype the replaced linear returned (only then, so the fusion passes see their usual pattern)
             xv = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
@@ -207,3 +226,45 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def calibration_guard(gm: torch.fx.GraphModule, baked: list[BakedScale]) -> Callable[[list], None] | None:
+    """A per-call check that the weights a compiled graph receives are the ones whose calibrated scales it baked.
+
+    Why: Dynamo reuses a compiled graph for another instance of the same module class when the two compiles'
+    backends compare equal (``torch.compile`` compares their options). The parameters are graph inputs, so the
+    other instance's weights flow in, but the baked scales are the first instance's: a second model calibrated on
+    other data would run silently wrong (seen on the CPU: 1.5e-1 instead of 1.6e-2 vs fp32). The check is an
+    identity test per baked weight input (a few microseconds per call); another parameter passes when its own
+    calibrated scale equals the baked one, else the call raises naming the layer. None when nothing baked comes
+    from a graph input (under freezing the weights are the graph's own attributes, not inputs)."""
+    index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    checks = [(index[b.weight_node], weakref.ref(b.weight), b) for b in baked if b.weight_node in index]
+    if not checks:
+        return None
+    positions = tuple(i for i, _r, _b in checks)
+    expected = tuple(r for _i, r, _b in checks)
+
+    def check(args: list) -> None:
+        for i, ref in zip(positions, expected):
+            if args[i] is not ref():
+                break
+        else:
+            return
+        for i, ref, b in checks:  # another instance: its own calibration must match what the graph baked
+            got = args[i]
+            if got is ref():
+                continue
+            scale = calibrated_scale(got, b.qmax, baked=False)
+            value = None if scale is None else float(scale.reshape(-1)[0])
+            if value != b.value:
+                raise RuntimeError(
+                    f"options['quantization']: this compiled graph baked the calibrated input scale {b.value:.6g} "
+                    f"of the layer whose weight is {b.weight_node.target or b.weight_node.name}, but it is being "
+                    f"run with another module's weight, whose scale is "
+                    f"{'not calibrated' if value is None else f'{value:.6g}'}: torch.compile reused a graph "
+                    "compiled for another instance of the same class (equal backend options). Compile each "
+                    "differently calibrated model after torch.compiler.reset(), or give each its own backend "
+                    "(functools.partial(oasr_ops.inductor.backend.oasr_backend, options=...)).")
+
+    return check
