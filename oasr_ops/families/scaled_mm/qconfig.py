@@ -28,7 +28,10 @@ class Int8W8A8Config:
         ``"all"`` (default: every qualifying one) or ``"fusable"`` (only those whose input quantization the fusion
         pass moves into the producer: after a LayerNorm, or after GELU/SiLU of such a layer when calibrated —
         `oasr_ops.inductor.fuse_quant.fusable_linears`; the rest stay fp16, where int8 does not pay). For
-        `quantize_`, the same choice is the filter `oasr_ops.fusable_filter(model, *example_inputs)`.
+        `quantize_`, the same choice is the filter `oasr_ops.fusable_filter(model, *example_inputs)`. Measured
+        (docs/perf/e2e.md, session 32, H100, with ``fuse_quantization=True``): ``"all"`` runs 0.95-0.99x of fp16
+        Inductor on the three example models; ``"fusable"`` with the model calibrated and compiled under freezing
+        1.39-1.70x. The default stays ``"all"`` for now (the census CLI records every layer through it).
       convs: whether `quantize_` also swaps the qualifying `nn.Conv2d` layers (groups 1, dilation 1, Cin % 16 == 0,
         Cout % 8 == 0: a speech frontend's second conv) for `QuantConv2d` (int8 filter per output channel, input
         per tensor; `oasr_ops.families.conv2d_activation.quantize`). Default True; `filter_fn` sees them too. The
