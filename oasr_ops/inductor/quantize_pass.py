@@ -42,6 +42,7 @@ from .fuse_conv_quant import conv2d_args, fusable_convs
 from .quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 
 _WARN = WarnOnce()
+_CONV_QMAX = QMAX_OF["int8_w8a8"]  # the conv is int8 only (QuantConv2d)
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -129,13 +130,13 @@ def _quantize_convs(gm: torch.fx.GraphModule, value_of: dict, fusable_only: bool
                                                                                     torch.nn.Parameter)):
             continue
         cout, cin = int(wv.shape[0]), int(wv.shape[1])
-        scale = calibrated_scale(wv)
+        scale = calibrated_scale(wv, _CONV_QMAX)
         if cin % 16 or cout % 8 or (fusable_only and scale is None):
             continue
         with gm.graph.inserting_before(node):
             new = _emit_quantized_conv2d(gm, x, w, b, stride, padding, wv, scale)
         if scale is not None:
-            baked.append(BakedScale(w, wv, QMAX_OF["int8_w8a8"], float(scale.reshape(-1)[0])))
+            baked.append(BakedScale(w, wv, _CONV_QMAX, float(scale.reshape(-1)[0])))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
