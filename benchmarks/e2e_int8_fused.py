@@ -350,7 +350,8 @@ def main() -> int:
         variants.update(budget_variants)
     if a.with_options:  # the in-graph path: the fp16 model itself, quantized by the backend's graph pass
         q = a.quantization.split("_")[0]
-        fusable = (oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config)(layers="fusable")
+        config_type = oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config
+        fusable, every = config_type(layers="fusable"), config_type(layers="all")  # named: the default may change
 
         def calibrated():  # each its own copy: a scale is kept per weight (a deepcopy's weights have none)
             m = copy.deepcopy(model)
@@ -358,11 +359,11 @@ def main() -> int:
             return m
 
         opt_variants = {
-            f"{q}-opt-all": (copy.deepcopy(model), {"quantization": a.quantization}),
+            f"{q}-opt-all": (copy.deepcopy(model), {"quantization": every}),
             f"{q}-opt-fusable": (copy.deepcopy(model), {"quantization": fusable}),
             f"{q}-opt-fusable-cal": (calibrated(), {"quantization": fusable})}
         if a.with_freezing:
-            opt_variants[f"{q}-opt-all-frz"] = (copy.deepcopy(model), {"quantization": a.quantization, FREEZE: True})
+            opt_variants[f"{q}-opt-all-frz"] = (copy.deepcopy(model), {"quantization": every, FREEZE: True})
             opt_variants[f"{q}-opt-fusable-cal-frz"] = (calibrated(), {"quantization": fusable, FREEZE: True})
         for name, (m, opts) in opt_variants.items():
             variants[name] = (m, oasr_backend, {**opts, "fuse_quantization": True, "fuse_siblings": False})

@@ -270,7 +270,7 @@ def test_a_layer_on_pytorch_s_fused_fast_path_is_named_once(db_env, monkeypatch)
     x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
     with torch.no_grad(), warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        torch.compile(layer, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+        torch.compile(layer, backend=oasr_backend, options={"quantization": oasr_ops.Int8W8A8Config(layers="all")})(x)
         assert len([s for s in sites_of_last_graph() if s.family == "scaled_mm"]) == 4
         assert not [w for w in got if "fast path" in str(w.message)]
         torch._dynamo.reset()

@@ -425,7 +425,7 @@ def test_graph_pass_accepts_the_config_object():
     w = torch.nn.Parameter(torch.randn(32, 64, dtype=torch.bfloat16))
     b = torch.randn(32, dtype=torch.bfloat16)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    assert quantize_graph(gm, [x, w, b], Int8W8A8Config(kernel="heuristic")) == 1
+    assert quantize_graph(gm, [x, w, b], Int8W8A8Config(kernel="heuristic", layers="all")) == 1
     node = next(n for n in gm.graph.nodes if n.target is torch.ops.oasr.scaled_mm.default)
     assert node.args[6] == "heuristic"  # the config every quantized layer's scaled_mm calls
     with torch.no_grad():

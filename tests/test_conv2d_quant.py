@@ -305,12 +305,12 @@ def test_options_quantization_of_an_uncalibrated_conv():
     x = torch.randn(2, 61, 80).half()
     with torch.no_grad():
         ref = copy.deepcopy(model).float()(x.float())
-    out, graph = compile_captured(model, x, quantization="int8_w8a8", fuse_quantization="act")
+    out, graph = compile_captured(model, x, quantization=oasr_ops.Int8W8A8Config(layers="all"),
+                                  fuse_quantization="act")
     assert len(calls(graph, OPS.conv2d_int8_activation)) == 1 and not calls(graph, OPS.conv2d_activation_quant)
     assert float((out.float() - ref).abs().max() / ref.abs().max()) < 3e-2
     torch.compiler.reset()
-    _out, graph = compile_captured(model, x, quantization=oasr_ops.Int8W8A8Config(layers="fusable"),
-                                   fuse_quantization="act")
+    _out, graph = compile_captured(model, x, quantization="int8_w8a8", fuse_quantization="act")  # the default
     assert not calls(graph, OPS.conv2d_int8_activation)
 
 

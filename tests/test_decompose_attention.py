@@ -210,7 +210,7 @@ def test_stock_encoder_quantized_in_graph_every_linear_and_fused(db_env, batch_f
         oasr_ops.calibrate(enc, [(_x(batch_first, seed=7).to(torch.bfloat16),)])
         ref = copy.deepcopy(enc).float()(x.float(), src_key_padding_mask=kpm)
         bf16 = enc(x, src_key_padding_mask=kpm)
-        got = torch.compile(enc, backend=oasr_backend, options={"quantization": "int8_w8a8",
+        got = torch.compile(enc, backend=oasr_backend, options={"quantization": oasr_ops.Int8W8A8Config(layers="all"),
                                                                  "fuse_quantization": True})(
             x, src_key_padding_mask=kpm)
     shapes = sorted(s.signature.split("|", 2)[2] for s in rewrite.rewrite_log()[-1].sites
@@ -242,7 +242,7 @@ def test_fast_path_encoder_quantized_in_graph(db_env, fast_path, monkeypatch):
     with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         ref = copy.deepcopy(enc).float()(x.float())
-        got = torch.compile(enc, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+        got = torch.compile(enc, backend=oasr_backend, options={"quantization": oasr_ops.Int8W8A8Config(layers="all")})(x)
     assert not [w for w in seen if "fast path" in str(w.message)]
     assert [len(r.decomposed) for r in reports] == [2]
     assert all(d.endswith(": _transformer_encoder_layer_fwd") for d in reports[0].decomposed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
@@ -46,6 +47,11 @@ def _quantized():
     torch.manual_seed(0)
     m = Two().to(torch.bfloat16).eval()
     return m, oasr_ops.quantize_(copy.deepcopy(m), "int8_w8a8")
+
+
+def _every_layer(scheme: str):
+    """The in-graph quantization of every qualifying layer (the scheme string alone takes the fusable ones)."""
+    return (oasr_ops.Int8W8A8Config if scheme == "int8_w8a8" else oasr_ops.Fp8W8A8Config)(layers="all")
 
 
 def test_pass_bakes_scaled_mm_configs(db_env):
@@ -98,7 +104,7 @@ def test_backend_quantization_option_matches_quantize_(db_env):
     x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         want = q(x)  # quantize_ then eager: the same per-channel weights, per-token activations
-        got = torch.compile(ref, backend=oasr_backend, options={"quantization": "int8_w8a8"})(x)
+        got = torch.compile(ref, backend=oasr_backend, options={"quantization": oasr_ops.Int8W8A8Config(layers="all")})(x)
     # the same ops as quantize_ + eager; compiled code may round the activation quantization's inputs
     # differently, so compare at int8 accuracy (bitwise on this CPU build, not a contract)
     assert ((got.float() - want.float()).abs().max() / want.float().abs().max()).item() < 2e-2
@@ -107,6 +113,43 @@ def test_backend_quantization_option_matches_quantize_(db_env):
     assert all(s.config != "auto" for s in sites)
     with pytest.raises(Exception, match="quantization"):
         torch.compile(Two().to(torch.bfloat16), backend=oasr_backend, options={"quantization": "int4"})(x)
+
+
+@pytest.mark.parametrize("scheme", ["int8_w8a8", "fp8_w8a8"])
+def test_the_scheme_string_quantizes_the_fusable_layers_and_says_what_it_left(db_env, monkeypatch, scheme):
+    """``options={"quantization": "int8_w8a8"}`` means ``layers="fusable"``: in LayerNorm -> fc1 -> GELU -> fc2 the
+    layer after the LayerNorm is quantized and fc2 waits for a calibrated scale (one warning naming the remedy);
+    calibrated, both are and nothing is said; a model with no LayerNorm -> Linear gets nothing quantized and one
+    warning saying so (it would otherwise run in 16 bits without a word); ``layers="all"`` takes its layers."""
+    from oasr_ops.inductor import quantize_pass
+
+    monkeypatch.setattr(quantize_pass, "_WARN", quantize_pass.WarnOnce())
+    op = "scaled_mm_fp8" if scheme == "fp8_w8a8" else "scaled_mm"
+    x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
+
+    def compiled(model, quantization=scheme):
+        torch._dynamo.reset()
+        with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.compile(model, backend=oasr_backend, options={"quantization": quantization})(x)
+        shapes = sorted(s.signature.split("|", 2)[2] for s in rewrite.rewrite_log()[-1].sites if s.family == op)
+        return shapes, [str(w.message) for w in seen if str(w.message).startswith("options['quantization']")]
+
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    block = block.to(torch.bfloat16).eval()
+    shapes, msgs = compiled(block)
+    assert shapes == ["N=128|K=64"]
+    assert len(msgs) == 1 and "1 Linear layer(s) after GELU/SiLU" in msgs[0] and "calibrate" in msgs[0], msgs
+    oasr_ops.calibrate(block, [x])
+    shapes, msgs = compiled(block)
+    assert shapes == ["N=128|K=64", "N=64|K=128"] and not msgs, msgs
+    plain = Two().to(torch.bfloat16).eval()
+    shapes, msgs = compiled(plain)
+    assert shapes == [] and len(msgs) == 1 and "none of the model's 2 qualifying Linear layer(s)" in msgs[0], msgs
+    assert "layers='all'" in msgs[0]
+    shapes, msgs = compiled(plain, _every_layer(scheme))
+    assert shapes == ["N=128|K=64", "N=64|K=128"] and not msgs, msgs
 
 
 def test_in_graph_quantization_of_a_float32_model_says_it_did_nothing(db_env, monkeypatch):
@@ -151,7 +194,7 @@ def test_in_graph_quantization_of_a_float32_model_under_autocast(db_env, scheme)
         ref = m(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             want = m(x)
-            got = torch.compile(m, backend=oasr_backend, options={"quantization": scheme,
+            got = torch.compile(m, backend=oasr_backend, options={"quantization": _every_layer(scheme),
                                                                    "fuse_quantization": True})(x)
     assert got.dtype == want.dtype == torch.bfloat16
     op = "scaled_mm_fp8" if scheme == "fp8_w8a8" else "scaled_mm"

@@ -18,7 +18,9 @@ non-default):
   raises `UncoveredPointsError` instead of compiling with fallbacks. Every other option is an Inductor config
   patch (e.g. ``{"max_autotune": True}``); a ``post_grad_custom_pre_pass`` option runs after ours. A key that is
   neither (a typo), an unknown mode, or options that are not a dict are refused before anything runs.
-* ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`). Then, for every int8
+* ``options={"quantization": "int8_w8a8"}``: quantize the graph's linears (`quantize_pass`): by default only those
+  whose input quantization fuses into the producer (``Int8W8A8Config.layers="fusable"``; ``"all"`` takes every
+  qualifying one, measured slower than 16 bits end to end). Then, for every int8
   graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
   calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}``. It pays on the H200
@@ -246,7 +248,8 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
                        "(docs/perf/e2e.md), such layers run no faster, or slower, than in 16 bits. An fc2 after a "
                        "quantized fc1 + GELU/SiLU fuses once calibrated (oasr_ops.calibrate before compiling); leave "
                        "the others unquantized: quantize_ with filter_fn=oasr_ops.fusable_filter(model, *inputs), "
-                       "or options={'quantization': Int8W8A8Config(layers='fusable')} (Fp8W8A8Config for fp8).")
+                       "or options={'quantization': 'int8_w8a8'} on the 16-bit model (layers='fusable', the "
+                       "default, in place of layers='all').")
     # int8 GEMM + residual add -> oasr.scaled_mm_residual. On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.

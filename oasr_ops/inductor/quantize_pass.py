@@ -178,16 +178,17 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
               f"whole, their projections not quantized: {'; '.join(attention.kept[:3])}")
     value_of = graph_values(gm, example_inputs)
     positional_linears(gm)
-    wanted = None
+    wanted, uncalibrated = None, set()
     fusable_only = getattr(cfg, "layers", None) == "fusable"
     if fusable_only:
         wanted = set(fusable_linears(gm, value_of))
+        # the same rule without calibration: the linears after GELU/SiLU that only a calibrated scale makes fusable
+        uncalibrated = set(fusable_linears(gm, value_of, require_calibration=False)) - wanted
     done = _quantize_convs(gm, value_of, fusable_only, baked) if getattr(cfg, "convs", False) else 0
     fp32 = 0
+    left = []  # qualifying linears `layers="fusable"` kept in 16 bits
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _LINEARS:
-            continue
-        if wanted is not None and node not in wanted:
             continue
         x, w, b = node.args
         wv = value_of.get(w)
@@ -203,6 +204,9 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
             continue
         n, k = wv.shape
         if k % 16 or n % ops.n_align:
+            continue
+        if wanted is not None and node not in wanted:
+            left.append(node)
             continue
         scale = calibrated_scale(wv, ops.qmax)
         if scale is not None:
@@ -223,10 +227,30 @@ def quantize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], scheme: 
               "in-graph rewrite quantizes fp16 / bf16 layers, and fp32 ones under torch.autocast: compile "
               "model.half() or .bfloat16(), call it under autocast, or quantize_() the model first, which takes "
               "float32 layers too)")
+    if left:
+        _warn_fusable_left(left, uncalibrated, done)
     if done or attention.decomposed:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def _warn_fusable_left(left: list[torch.fx.Node], uncalibrated: set[torch.fx.Node], done: int) -> None:
+    """Say what ``layers="fusable"`` (the default) kept in 16 bits when that is a remedy away from paying: the
+    linears after GELU/SiLU that calibration would make fusable, or — nothing quantized at all — every one (a
+    model without the LayerNorm -> Linear structure would otherwise run in fp16 without a word)."""
+    waiting = [n for n in left if n in uncalibrated]
+    if waiting:
+        _WARN("fusable-uncalibrated", f"options['quantization']: {len(waiting)} Linear layer(s) after GELU/SiLU "
+              "(fc2) kept in 16 bits: their input quantization fuses into fc1's epilogue only with a calibrated "
+              "scale. oasr_ops.calibrate(model, batches) before compiling converts them (measured end to end: "
+              "1.07-1.11x of fp16 Inductor without, 1.32-1.34x with; docs/perf/e2e.md)")
+    if not done:
+        _WARN("fusable-none", f"options['quantization']: none of the model's {len(left)} qualifying Linear layer(s) "
+              "takes its input from a LayerNorm (or, calibrated, from GELU/SiLU of such a layer), so layers='fusable' "
+              "(the default) quantized nothing and the model runs in 16 bits. Int8W8A8Config(layers='all') "
+              "(Fp8W8A8Config for fp8) quantizes them anyway; each then pays a separate activation-quantization "
+              "pass, measured slower than 16 bits end to end (docs/perf/e2e.md)")
 
 
 def calibration_guard(gm: torch.fx.GraphModule, baked: list[BakedScale]) -> Callable[[list], None] | None:

@@ -25,13 +25,16 @@ class Int8W8A8Config:
         config id of the int8 lane (pins a tile, e.g. for a benchmark).
 
       layers: which linears the backend's in-graph quantization (``options={"quantization": ...}``) converts:
-        ``"all"`` (default: every qualifying one) or ``"fusable"`` (only those whose input quantization the fusion
-        pass moves into the producer: after a LayerNorm, or after GELU/SiLU of such a layer when calibrated —
-        `oasr_ops.inductor.fuse_quant.fusable_linears`; the rest stay fp16, where int8 does not pay). For
-        `quantize_`, the same choice is the filter `oasr_ops.fusable_filter(model, *example_inputs)`. Measured
-        (docs/perf/e2e.md, session 32, H100, with ``fuse_quantization=True``): ``"all"`` runs 0.95-0.99x of fp16
-        Inductor on the three example models; ``"fusable"`` with the model calibrated and compiled under freezing
-        1.39-1.70x. The default stays ``"all"`` for now (the census CLI records every layer through it).
+        ``"fusable"`` (default: only those whose input quantization the fusion pass moves into the producer —
+        after a LayerNorm, or after GELU/SiLU of such a layer when calibrated with `oasr_ops.calibrate`;
+        `oasr_ops.inductor.quant_patterns.fusable_linears`; the rest stay in 16 bits, where int8 does not pay) or
+        ``"all"`` (every qualifying one). Measured (docs/perf/e2e.md, session 32, H100, fp16 Inductor = 1):
+        ``"all"`` 0.95-0.99x on the three example models; ``"fusable"`` 1.07-1.11x, calibrated 1.32-1.34x,
+        calibrated and compiled with ``"freezing": True`` 1.39-1.70x. One warning when ``"fusable"`` leaves a
+        calibratable fc2 in 16 bits or quantizes nothing. `quantize_` swaps every qualifying layer whatever this
+        field says (torchao's convention: it does what it is asked); its filter for the same choice is
+        `oasr_ops.fusable_filter(model, *example_inputs)`, and the census (`oasr tune census --quantization`)
+        records every layer so the DB covers either choice.
       convs: whether `quantize_` also swaps the qualifying `nn.Conv2d` layers (groups 1, dilation 1, Cin % 16 == 0,
         Cout % 8 == 0: a speech frontend's second conv) for `QuantConv2d` (int8 filter per output channel, input
         per tensor; `oasr_ops.families.conv2d_activation.quantize`). Default True; `filter_fn` sees them too. The
@@ -39,7 +42,7 @@ class Int8W8A8Config:
     """
 
     kernel: str = "auto"
-    layers: str = "all"
+    layers: str = "fusable"
     convs: bool = True
 
     def __post_init__(self) -> None:

@@ -19,13 +19,13 @@ class Fp8W8A8Config:
         entry, else the half-wave heuristic), ``"heuristic"``, ``"torch"`` (torch._scaled_mm), ``"default"`` or
         one config id of the fp8 lane.
 
-      layers: which linears the backend's in-graph quantization converts: ``"all"`` (default) or ``"fusable"``
-        (only those whose input quantization Inductor fuses into a LayerNorm or the fusion pass moves into fc1's
-        epilogue: `Int8W8A8Config.layers`, the same rule).
+      layers: which linears the backend's in-graph quantization converts: ``"fusable"`` (default: only those
+        whose input quantization Inductor fuses into a LayerNorm or the fusion pass moves into fc1's epilogue) or
+        ``"all"``: `Int8W8A8Config.layers`, the same rule and the same reason.
     """
 
     kernel: str = "auto"
-    layers: str = "all"
+    layers: str = "fusable"
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel:
