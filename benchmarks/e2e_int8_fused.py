@@ -196,7 +196,9 @@ def main() -> int:
                    help="also time the in-graph path (options={'quantization': ...}) on the fp16 model: "
                         "<q>-opt-all (every qualifying layer, uncalibrated), <q>-opt-fusable (layers='fusable', "
                         "uncalibrated: the layers after a LayerNorm), <q>-opt-fusable-cal (the model calibrated "
-                        "first: fc2 too); with --with-freezing also <q>-opt-all-frz and <q>-opt-fusable-cal-frz")
+                        "first: fc2 too); with --with-freezing also <q>-opt-all-frz, <q>-opt-fusable-cal-frz and "
+                        "<q>-opt-plain-cal-frz (options={'quantization': <q scheme string>, 'freezing': True} and "
+                        "nothing else: the backend's defaults)")
     p.add_argument("--with-all-res", action="store_true",
                    help="also time int8-all-fused-res: every qualifying Linear int8 and calibrated, "
                         "fuse_quantization=True and fuse_residual=True")
@@ -365,8 +367,11 @@ def main() -> int:
         if a.with_freezing:
             opt_variants[f"{q}-opt-all-frz"] = (copy.deepcopy(model), {"quantization": every, FREEZE: True})
             opt_variants[f"{q}-opt-fusable-cal-frz"] = (calibrated(), {"quantization": fusable, FREEZE: True})
+            # what the bare scheme string gives, every other option at the backend's default (fusion included)
+            opt_variants[f"{q}-opt-plain-cal-frz"] = (calibrated(), {"quantization": a.quantization, FREEZE: True})
         for name, (m, opts) in opt_variants.items():
-            variants[name] = (m, oasr_backend, {**opts, "fuse_quantization": True, "fuse_siblings": False})
+            fusion = {} if "-plain" in name else {"fuse_quantization": True, "fuse_siblings": False}
+            variants[name] = (m, oasr_backend, {**opts, **fusion})
     if a.only:
         keep = {"fp16", *a.only.split(",")}
         unknown = keep - set(variants)
