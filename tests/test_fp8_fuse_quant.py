@@ -429,7 +429,7 @@ def test_without_calibration_fc2_stays_dynamic(fresh_inductor):
     assert ((out.float() - want.float()).abs().max() / want.float().abs().max()).item() < 2e-2
 
 
-def test_fusion_is_opt_in_and_fusable_layers(fresh_inductor):
+def test_fusion_off_and_fusable_layers(fresh_inductor):
     class WithProj(Block):
         def __init__(self):
             super().__init__()
@@ -442,10 +442,10 @@ def test_fusion_is_opt_in_and_fusable_layers(fresh_inductor):
     model = WithProj().half().eval()
     x = torch.randn(2, 5, 64, dtype=torch.float16)
     oasr_ops.calibrate(model, [x])
-    _out, graph = _compile(model, x, quantization="fp8_w8a8", fuse_quantization=False)
+    _out, graph = _compile(model, x, quantization=oasr_ops.Fp8W8A8Config(layers="all"), fuse_quantization=False)
     assert not _calls(graph, OPS.scaled_mm_fp8_act_quant) and len(_calls(graph, OPS.scaled_mm_fp8)) == 3
     torch.compiler.reset()
-    _out, graph = _compile(model, x, quantization=oasr_ops.Fp8W8A8Config(layers="fusable"))
+    _out, graph = _compile(model, x, quantization="fp8_w8a8")  # the defaults: layers="fusable", fusion on
     assert len(_calls(graph, OPS.scaled_mm_fp8)) == 1  # fc2; proj stays fp16 (an aten mm)
     assert len(_calls(graph, OPS.scaled_mm_fp8_act_quant)) == 1
     with pytest.raises(ValueError, match="layers must be"):

@@ -158,11 +158,12 @@ def test_options_quantization_path_fuses_the_same_way():
 
 
 @pytest.mark.parametrize("options,fused", [
-    ({}, False),                                                   # no quantization fusion: off
+    ({}, True),                                                    # the defaults: quantization fusion on
+    ({"fuse_quantization": False}, False),                         # no quantization fusion: off
     ({"fuse_quantization": "act"}, True),                          # on by default with it
     ({"fuse_quantization": True}, True),
     ({"fuse_quantization": "act", "fuse_residual": False}, False),  # explicitly off
-    ({"fuse_residual": True}, True),                               # explicitly on, alone
+    ({"fuse_quantization": False, "fuse_residual": True}, True),   # explicitly on, alone
 ])
 def test_default_follows_fuse_quantization(options, fused):
     torch.manual_seed(4)

@@ -53,7 +53,8 @@ def test_an_int8_graph_compiled_with_grad_on_runs_and_only_its_backward_raises(p
     got = model(x)
     assert got.requires_grad and got.shape == want.shape
     assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < 3e-2
-    with pytest.raises(RuntimeError, match=r"oasr\.scaled_mm\w* has no backward"):
+    # the compiled graph's quantization is fused by default: the first op without a backward may be the LayerNorm's
+    with pytest.raises(RuntimeError, match=r"oasr\.(scaled_mm\w*|layer_norm_quant) has no backward"):
         got.float().sum().backward()
     with pytest.raises(RuntimeError, match=r"oasr\.scaled_mm\w* has no backward"):
         want.float().sum().backward()

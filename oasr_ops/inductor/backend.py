@@ -23,10 +23,10 @@ non-default):
   qualifying one, measured slower than 16 bits end to end). Then, for every int8
   graph (that one or a `quantize_`d model's), the fusion pass (`fuse_quant`) moves activation quantization into
   its producer: LayerNorm -> `oasr.layer_norm_quant`, GEMM + GELU/SiLU -> `oasr.scaled_mm_act_quant` (with a
-  calibrated scale, `oasr_ops.calibrate`). Opt-in: ``options={"fuse_quantization": True}``. It pays on the H200
-  (docs/perf/e2e.md, session 7: 1.3-1.45x fp16 Inductor) but stays a choice: its act-quant sites need calibrated
-  scales, and which mode is faster depends on the model (``"act"`` on the Conformer, ``True`` on the Whisper-style
-  encoder);
+  calibrated scale, `oasr_ops.calibrate`). On by default (``fuse_quantization=True``; a no-op on a graph with no
+  quantized layer) since session 33: the bare scheme string on a calibrated, frozen Conformer M ran 1.31x of fp16
+  Inductor without it and 1.74x with it (docs/perf/e2e.md); ``False`` turns it off, and ``"act"`` is the other mode
+  (some models measured faster with it: the Conformer in session 7);
   ``"act"`` fuses only GEMM -> activation -> quantization and leaves the LayerNorms' quantization to Inductor.
   fp8 graphs (``"fp8_w8a8"``, either form) get the same: GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant` and,
   with ``True``, LayerNorm -> `oasr.layer_norm_quant(..., scheme="fp8")`.
@@ -232,9 +232,10 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
         baked: list = []
         quantize_graph(gm, example_inputs, quantization, baked)
         guard = calibration_guard(gm, baked)  # before the fusion passes rewrite the graph (placeholders stay)
-    # Opt-in: measured on the H200 (docs/perf/e2e.md) the fused int8 Conformer M runs 1.17x ("act": 1.195x) of fp16
-    # Inductor after the epilogue fix (0.69x before it); a user's int8 graph still compiles as it did unless asked.
-    fuse = opts.pop("fuse_quantization", False)  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
+    # On by default since session 33 (a no-op on a graph without quantized layers): the bare
+    # options={"quantization": "int8_w8a8"} on a calibrated, frozen Conformer M ran 1.31x of fp16 Inductor unfused
+    # and 1.74x fused (H100, docs/perf/e2e.md); opt-in before, when the fused graph was not yet measured to pay.
+    fuse = opts.pop("fuse_quantization", True)  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
     if fuse not in (False, None, True, "act"):
         raise ValueError(f"options['fuse_quantization'] must be True (LayerNorms and GEMM+activation), 'act' (only "
                          f"GEMM+activation; LayerNorm quantization left to Inductor) or False, got {fuse!r}")

@@ -244,7 +244,7 @@ def _warn_fusable_left(left: list[torch.fx.Node], uncalibrated: set[torch.fx.Nod
         _WARN("fusable-uncalibrated", f"options['quantization']: {len(waiting)} Linear layer(s) after GELU/SiLU "
               "(fc2) kept in 16 bits: their input quantization fuses into fc1's epilogue only with a calibrated "
               "scale. oasr_ops.calibrate(model, batches) before compiling converts them (measured end to end: "
-              "1.07-1.11x of fp16 Inductor without, 1.32-1.34x with; docs/perf/e2e.md)")
+              "1.08-1.16x of fp16 Inductor without, 1.33-1.41x with, 1.40-1.66x also frozen; docs/perf/e2e.md)")
     if not done:
         _WARN("fusable-none", f"options['quantization']: none of the model's {len(left)} qualifying Linear layer(s) "
               "takes its input from a LayerNorm (or, calibrated, from GELU/SiLU of such a layer), so layers='fusable' "

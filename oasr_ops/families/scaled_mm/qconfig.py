@@ -28,9 +28,9 @@ class Int8W8A8Config:
         ``"fusable"`` (default: only those whose input quantization the fusion pass moves into the producer —
         after a LayerNorm, or after GELU/SiLU of such a layer when calibrated with `oasr_ops.calibrate`;
         `oasr_ops.inductor.quant_patterns.fusable_linears`; the rest stay in 16 bits, where int8 does not pay) or
-        ``"all"`` (every qualifying one). Measured (docs/perf/e2e.md, session 32, H100, fp16 Inductor = 1):
-        ``"all"`` 0.95-0.99x on the three example models; ``"fusable"`` 1.07-1.11x, calibrated 1.32-1.34x,
-        calibrated and compiled with ``"freezing": True`` 1.39-1.70x. One warning when ``"fusable"`` leaves a
+        ``"all"`` (every qualifying one). Measured (docs/perf/e2e.md, session 33, H200, fp16 Inductor = 1, with
+        ``fuse_quantization=True``): ``"all"`` 0.96-1.03x on the three example models; ``"fusable"`` 1.08-1.16x,
+        calibrated 1.33-1.41x, calibrated and compiled with ``"freezing": True`` 1.40-1.66x. One warning when ``"fusable"`` leaves a
         calibratable fc2 in 16 bits or quantizes nothing. `quantize_` swaps every qualifying layer whatever this
         field says (torchao's convention: it does what it is asked); its filter for the same choice is
         `oasr_ops.fusable_filter(model, *example_inputs)`, and the census (`oasr tune census --quantization`)
