@@ -213,6 +213,23 @@ def _check_options(options: dict[str, Any], mode: Any) -> None:
         raise ValueError(f'backend="oasr": unknown mode {mode!r}; one of {modes}')
 
 
+def _switches(opts: dict[str, Any]) -> tuple[Any, bool, bool, bool, bool]:
+    """Pop and check the backend's on/off options before any pass runs (a bad value is refused up front, not after
+    the quantization and fusion passes): fuse_quantization (default True), fuse_residual (default: follows it),
+    fuse_siblings (False), cpp_hot_path (True), eager_regions (True)."""
+    fuse = opts.pop("fuse_quantization", True)
+    if fuse not in (False, None, True, "act"):
+        raise ValueError(f"options['fuse_quantization'] must be True (LayerNorms and GEMM+activation), 'act' (only "
+                         f"GEMM+activation; LayerNorm quantization left to Inductor) or False, got {fuse!r}")
+    values = {name: opts.pop(name, default) for name, default in
+              (("fuse_residual", bool(fuse)), ("fuse_siblings", False), ("cpp_hot_path", True),
+               ("eager_regions", True))}
+    for name, value in values.items():
+        if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
+            raise ValueError(f"options['{name}'] must be True or False, got {value!r}")
+    return fuse, *values.values()
+
+
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
                  options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """Dynamo backend: (optional prewarm / strict check) -> Inductor with the oasr rewrite pass."""
@@ -224,6 +241,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     opts.update(kwargs)
     mode = opts.pop("mode", None) or mode
     _check_options(opts, mode)
+    fuse, fuse_residual, fuse_siblings, cpp_hot_path, eager_regions = _switches(opts)
     quantization = opts.pop("quantization", None)
     guard = None
     if quantization:
@@ -235,11 +253,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     # On by default since session 33 (a no-op on a graph without quantized layers): the bare
     # options={"quantization": "int8_w8a8"} on a calibrated, frozen Conformer M ran 1.31x of fp16 Inductor unfused
     # and 1.74x fused (H100, docs/perf/e2e.md); opt-in before, when the fused graph was not yet measured to pay.
-    fuse = opts.pop("fuse_quantization", True)  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
-    if fuse not in (False, None, True, "act"):
-        raise ValueError(f"options['fuse_quantization'] must be True (LayerNorms and GEMM+activation), 'act' (only "
-                         f"GEMM+activation; LayerNorm quantization left to Inductor) or False, got {fuse!r}")
-    if fuse:
+    if fuse:  # LayerNorm / GEMM+activation -> quantization (fuse_quant.py)
         from .fuse_quant import fuse_quantization
 
         report = fuse_quantization(gm, layer_norms=fuse is True)
@@ -254,9 +268,6 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     # int8 GEMM + residual add -> oasr.scaled_mm_residual. On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.
-    fuse_residual = opts.pop("fuse_residual", bool(fuse))
-    if not isinstance(fuse_residual, bool):
-        raise ValueError(f"options['fuse_residual'] must be True or False, got {fuse_residual!r}")
     if fuse_residual:
         from .fuse_residual import fuse_residual_adds
 
@@ -265,9 +276,6 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     # (docs/perf/e2e.md, session 7), Whisper-style small synchronous calls 2.7-3.2 % faster in three runs but calls
     # back to back 0.3-1.2 % slower (the weight cats run per call: fuse_siblings.py). After fuse_residual: a GEMM
     # whose output only feeds a residual add gains more there.
-    fuse_siblings = opts.pop("fuse_siblings", False)
-    if not isinstance(fuse_siblings, bool):
-        raise ValueError(f"options['fuse_siblings'] must be True or False, got {fuse_siblings!r}")
     if fuse_siblings:
         from .fuse_siblings import fuse_sibling_gemms
 
@@ -282,11 +290,6 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
 
             prewarm_graph(gm, example_inputs, tuning)
     _check_freezing(opts)
-    cpp_hot_path = opts.pop("cpp_hot_path", True)
-    eager_regions = opts.pop("eager_regions", True)
-    for name, value in (("cpp_hot_path", cpp_hot_path), ("eager_regions", eager_regions)):
-        if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
-            raise ValueError(f"options['{name}'] must be True or False, got {value!r}")
     _warn_fast_paths(gm)
     patches = _config_patches(mode, opts, example_inputs, eager_regions)
     _serve_without_cuda_graphs(patches, example_inputs, cpp_hot_path)

@@ -30,9 +30,10 @@ class Int8W8A8Config:
         `oasr_ops.inductor.quant_patterns.fusable_linears`; the rest stay in 16 bits, where int8 does not pay) or
         ``"all"`` (every qualifying one). Measured (docs/perf/e2e.md, session 33, H200, fp16 Inductor = 1, with
         ``fuse_quantization=True``): ``"all"`` 0.96-1.03x on the three example models; ``"fusable"`` 1.08-1.16x,
-        calibrated 1.33-1.41x, calibrated and compiled with ``"freezing": True`` 1.40-1.66x. One warning when
-        ``"fusable"`` leaves a calibratable fc2 in 16 bits or quantizes nothing. `quantize_` swaps every qualifying layer whatever this
-        field says (torchao's convention: it does what it is asked); its filter for the same choice is
+        calibrated 1.33-1.41x, calibrated and compiled frozen 1.40-1.66x
+        (``torch._inductor.config.freezing = True``). One warning when ``"fusable"`` leaves a calibratable fc2 in
+        16 bits or quantizes nothing. `quantize_` swaps every qualifying layer whatever this field says
+        (torchao's convention: it does what it is asked); its filter for the same choice is
         `oasr_ops.fusable_filter(model, *example_inputs)`, and the census (`oasr tune census --quantization`)
         records every layer so the DB covers either choice.
       convs: whether `quantize_` also swaps the qualifying `nn.Conv2d` layers (groups 1, dilation 1, Cin % 16 == 0,
