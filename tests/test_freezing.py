@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 import oasr_ops
+from oasr_ops.families.scaled_mm.qconfig import as_quant_config
 from examples.conformer import build_model, example_inputs
 from _fx_capture import Capture
 
@@ -123,7 +125,7 @@ def test_in_graph_quantization_and_fusable_filter_under_freezing(scheme):
     assert chosen and chosen == [fqn for fqn in names if frozen_pick(None, fqn)]
 
     gemm = "oasr.scaled_mm.default" if scheme == "int8_w8a8" else "oasr.scaled_mm_fp8.default"
-    every = (oasr_ops.Int8W8A8Config if scheme == "int8_w8a8" else oasr_ops.Fp8W8A8Config)(layers="all")
+    every = dataclasses.replace(as_quant_config(scheme), layers="all")
     opts = {"quantization": every, "fuse_quantization": False}  # the pass's own graph (the fusion renames the GEMMs)
     out, ops, _ = _compiled(model, x, False, opts)
     frozen_out, frozen_ops, frozen_per_call = _compiled(model, x, True, opts)

@@ -3,6 +3,7 @@ quantized (or online-quantized) model reports scaled_mm sites, strict prewarm ra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import warnings
 
@@ -12,6 +13,7 @@ from torch import nn
 
 import oasr_ops
 from oasr_ops import paths
+from oasr_ops.families.scaled_mm.qconfig import as_quant_config
 from oasr_ops.inductor import rewrite
 from oasr_ops.inductor.backend import oasr_backend
 from oasr_ops.tune import database
@@ -51,7 +53,7 @@ def _quantized():
 
 def _every_layer(scheme: str):
     """The in-graph quantization of every qualifying layer (the scheme string alone takes the fusable ones)."""
-    return (oasr_ops.Int8W8A8Config if scheme == "int8_w8a8" else oasr_ops.Fp8W8A8Config)(layers="all")
+    return dataclasses.replace(as_quant_config(scheme), layers="all")
 
 
 def test_pass_bakes_scaled_mm_configs(db_env):
