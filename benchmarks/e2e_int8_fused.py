@@ -232,10 +232,10 @@ def main() -> int:
             p.error(f"--recursive-dict-tags: torch {torch.__version__} has no use_recursive_dict_tags_for_guards")
         torch._dynamo.config.use_recursive_dict_tags_for_guards = True
     from oasr_ops.families.self_attention import convertible
-    from oasr_ops.inductor import fuse_quant
+    from oasr_ops.inductor.fuse_quant import FUSE_LOG
     from oasr_ops.inductor.backend import oasr_backend
-    from oasr_ops.inductor.fuse_residual import residual_log
-    from oasr_ops.inductor.fuse_siblings import sibling_log
+    from oasr_ops.inductor.fuse_residual import RESIDUAL_LOG
+    from oasr_ops.inductor.fuse_siblings import SIBLING_LOG
 
     dev, cuda = a.device, a.device == "cuda"
     mode = "reduce-overhead" if cuda else "default"
@@ -396,7 +396,7 @@ def main() -> int:
     first_out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, (m, backend, opts) in variants.items():
-            before, before_res, before_sib = len(fuse_quant.fuse_log()), len(residual_log()), len(sibling_log())
+            marks = FUSE_LOG.mark(), RESIDUAL_LOG.mark(), SIBLING_LOG.mark()  # this variant's compile reports
             opts = dict(opts)
             freeze = opts.pop(FREEZE, False)
             # A backend per variant that compares unequal to every other: Dynamo reuses a cache entry across
@@ -421,19 +421,17 @@ def main() -> int:
                 out = fn(*x)
             res["accuracy"][name] = accuracy(out, ref, head, ref_tokens, ref_argmax)
             first_out[name] = out.detach().float().clone()
-            reps = fuse_quant.fuse_log()[before:]
+            reps, rr, sr = FUSE_LOG.since(marks[0]), RESIDUAL_LOG.since(marks[1]), SIBLING_LOG.since(marks[2])
             if reps:
                 res.setdefault("fusion", {})[name] = {
                     "layer_norm_quant": sum(r.layer_norm_quant for r in reps),
                     "act_quant": sum(r.act_quant for r in reps),
                     "conv_quant": sum(r.conv_quant for r in reps), "conv_act": sum(r.conv_act for r in reps),
                     "unfused": [u for r in reps for u in r.unfused][:20]}
-            if residual_log()[before_res:]:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
-                rr = residual_log()[before_res:]
+            if rr:  # the int8-fused-act-res variant: adds absorbed by fc2's epilogue
                 res.setdefault("residual", {})[name] = {"fused": sum(r.fused for r in rr),
                                                         "unfused": [u for r in rr for u in r.unfused][:20]}
-            if any(r.groups or r.unfused for r in sibling_log()[before_sib:]):  # int8-fused-sib: q/k/v as one GEMM
-                sr = sibling_log()[before_sib:]
+            if any(r.groups or r.unfused for r in sr):  # int8-fused-sib: q/k/v as one GEMM
                 res.setdefault("siblings", {})[name] = {"groups": sum(r.groups for r in sr),
                                                         "widths": sorted({str(w) for r in sr for w in r.widths}),
                                                         "views_to_reshape": sum(r.views_to_reshape for r in sr),

@@ -55,9 +55,3 @@ def fresh_inductor(monkeypatch, tmp_path):
     yield
     torch.compiler.reset()
 
-
-def new_entries(before: list, now: list) -> list:
-    """The entries of a pass log (`fuse_log()`, `residual_log()`, `sibling_log()`) that `now` has and `before` had
-    not. The logs keep the last 64 reports, so a slice at ``len(before)`` is empty once a long run has filled one
-    (seen in the full CPU suite after the fusion became the default)."""
-    return [r for r in now if not any(r is b for b in before)]

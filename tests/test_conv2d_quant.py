@@ -24,7 +24,7 @@ from oasr_ops.families.conv2d_activation.ops import quantize_output
 from oasr_ops.families.conv2d_activation.ops_quant import reference_conv2d_quant
 from oasr_ops.inductor import fuse_quant
 
-from _fx_capture import ancestors, calls, compile_captured, new_entries
+from _fx_capture import ancestors, calls, compile_captured
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.conformer import Conv2dSubsampling4  # noqa: E402
@@ -221,9 +221,9 @@ def test_calibrated_frontend_compiles_to_int8_producer_and_int8_conv():
     oasr_ops.calibrate(q, [x])
     with torch.no_grad():
         eager = q(x)
-    before = fuse_quant.fuse_log()
+    mark = fuse_quant.FUSE_LOG.mark()
     out, graph = compile_captured(q, x, fuse_quantization="act")
-    rep = new_entries(before, fuse_quant.fuse_log())
+    rep = fuse_quant.FUSE_LOG.since(mark)
     assert sum(r.conv_quant for r in rep) == 1 and sum(r.conv_act for r in rep) == 1
     producer, = calls(graph, OPS.conv2d_activation_quant)
     conv, = calls(graph, OPS.conv2d_int8_activation)
@@ -246,9 +246,9 @@ def test_uncalibrated_or_shared_producer_is_left_unfused_and_correct():
     q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=lambda m, fqn: isinstance(m, nn.Conv2d))
     with torch.no_grad():
         eager = q(x)
-    before = fuse_quant.fuse_log()
+    mark = fuse_quant.FUSE_LOG.mark()
     out, graph = compile_captured(q, x, fuse_quantization="act")  # dynamic scale: the amax reads the activation
-    rep = new_entries(before, fuse_quant.fuse_log())
+    rep = fuse_quant.FUSE_LOG.since(mark)
     assert sum(r.conv_quant for r in rep) == 0 and sum(r.conv_act for r in rep) == 1
     assert not calls(graph, OPS.conv2d_activation_quant)
     assert float((out.float() - eager.float()).abs().max() / eager.float().abs().max()) < 1e-2
@@ -266,10 +266,10 @@ def test_uncalibrated_or_shared_producer_is_left_unfused_and_correct():
     s = Shared(q)
     with torch.no_grad():
         eager = s(x)
-    before = fuse_quant.fuse_log()
+    mark = fuse_quant.FUSE_LOG.mark()
     torch.compiler.reset()
     out, graph = compile_captured(s, x, fuse_quantization="act")
-    assert sum(r.conv_quant for r in new_entries(before, fuse_quant.fuse_log())) == 0
+    assert sum(r.conv_quant for r in fuse_quant.FUSE_LOG.since(mark)) == 0
     assert not calls(graph, OPS.conv2d_activation_quant)
     assert abs(float(out) - float(eager)) < 1e-2 * abs(float(eager)) + 1e-3
 

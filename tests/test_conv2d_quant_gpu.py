@@ -160,7 +160,7 @@ def test_compiled_int8_frontend_matches_eager(path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.conformer import Conv2dSubsampling4
     from oasr_ops.inductor.backend import oasr_backend
-    from oasr_ops.inductor.fuse_quant import fuse_log
+    from oasr_ops.inductor.fuse_quant import FUSE_LOG
 
     torch.manual_seed(0)
     ref_model = Conv2dSubsampling4(80, 256, 256).to(DEV).eval()
@@ -178,11 +178,11 @@ def test_compiled_int8_frontend_matches_eager(path):
     with torch.no_grad():
         ref = ref_model(x)
         eager = q(x.half())
-        before = len(fuse_log())
+        mark = FUSE_LOG.mark()
         torch.compiler.reset()
         got = torch.compile(q if path == "quantize_" else model, backend=oasr_backend, options=options)(x.half())
     torch.cuda.synchronize()
-    rep = fuse_log()[before:]
+    rep = FUSE_LOG.since(mark)
     assert sum(r.conv_quant for r in rep) == 1 and sum(r.conv_act for r in rep) == 1
     scale = ref.abs().max()
     assert float((got.float() - eager.float()).abs().max() / scale) < 1e-2

@@ -14,7 +14,7 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant, fuse_residual
 from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import Capture, new_entries
+from _fx_capture import Capture
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
@@ -188,7 +188,7 @@ def test_the_option_is_checked():
 def test_dynamic_shapes_fuse_and_match_eager():
     torch.manual_seed(5)
     model = _quantized(Residual(form="scaled_left"))
-    before = fuse_residual.residual_log()
+    mark = fuse_residual.RESIDUAL_LOG.mark()
     fn = torch.compile(model, backend=oasr_backend, options={"fuse_residual": True}, dynamic=True)
     with torch.no_grad():
         for t in (5, 9, 13):
@@ -196,7 +196,7 @@ def test_dynamic_shapes_fuse_and_match_eager():
             out, ref = fn(x), model(x)
             assert out.shape == ref.shape
             assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * ref.float().abs().max().item()
-    reps = new_entries(before, fuse_residual.residual_log())
+    reps = fuse_residual.RESIDUAL_LOG.since(mark)
     assert reps and all(r.fused == 1 and not r.unfused for r in reps)  # symbolic M: fused all the same
 
 

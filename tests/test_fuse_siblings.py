@@ -19,7 +19,7 @@ import oasr_ops
 from oasr_ops.inductor import fuse_quant, fuse_siblings
 from oasr_ops.inductor.backend import oasr_backend
 
-from _fx_capture import Capture, calls, compile_captured, new_entries
+from _fx_capture import Capture, calls, compile_captured
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
@@ -46,9 +46,9 @@ def _both(model, x, on=ON, off=OFF):
     torch.compiler.reset()
     ref, g_ref = compile_captured(copy.deepcopy(model), x, **off)
     torch.compiler.reset()
-    before = fuse_siblings.sibling_log()
+    mark = fuse_siblings.SIBLING_LOG.mark()
     out, g = compile_captured(model, x, **on)
-    return out, g, ref, g_ref, new_entries(before, fuse_siblings.sibling_log())
+    return out, g, ref, g_ref, fuse_siblings.SIBLING_LOG.since(mark)
 
 
 @pytest.mark.parametrize("batch,frames", [(1, 1), (1, 7), (1, 17), (2, 9)])
@@ -281,7 +281,7 @@ def test_dynamic_rows_fuse_and_match_eager():
     block = _whisper_block()
     x0 = torch.randn(1, 5, 64, dtype=torch.float16)
     model = _quantized_calibrated(block, x0)
-    before = fuse_siblings.sibling_log()
+    mark = fuse_siblings.SIBLING_LOG.mark()
     # the frames dynamic, not everything: dynamic=True also makes the LayerNorm's eps a graph input, and then
     # fuse_quant leaves the LayerNorm (no layer_norm_quant: no shared int8 input)
     fn = torch.compile(model, backend=oasr_backend, options=ON)
@@ -294,7 +294,7 @@ def test_dynamic_rows_fuse_and_match_eager():
             # the fusion's exactness is checked above against the unfused compile
             assert out.shape == ref.shape
             assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * ref.float().abs().max().item()
-    reps = new_entries(before, fuse_siblings.sibling_log())
+    reps = fuse_siblings.SIBLING_LOG.since(mark)
     assert reps and all(r.groups == 1 and not r.unfused for r in reps)  # symbolic M: fused all the same
 
 

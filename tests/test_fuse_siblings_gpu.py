@@ -28,7 +28,7 @@ from oasr_ops.codegen.jit import JitSpec, build_many  # noqa: E402
 from oasr_ops.families.layer_norm_quant.kernels import cuda_arch_of, spec_for  # noqa: E402
 from oasr_ops.families.layer_norm_quant.ops import auto_config  # noqa: E402
 from oasr_ops.inductor.backend import oasr_backend  # noqa: E402
-from oasr_ops.inductor.fuse_siblings import sibling_log  # noqa: E402
+from oasr_ops.inductor.fuse_siblings import SIBLING_LOG  # noqa: E402
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 from oasr_ops.runtime.registry import get_lane  # noqa: E402
 
@@ -96,14 +96,14 @@ def _run(fn, x):
 
 def test_qkv_outputs_bit_identical_to_the_unfused_compile():
     _ref, fns = _compiled_pair(pointwise=True)
-    before = len(sibling_log())
+    mark = SIBLING_LOG.mark()
     for b, t in SHAPES:
         x = torch.randn(b, t, D, device=DEV, dtype=torch.float16)
         fused, unfused = _run(fns[True], x), _run(fns[False], x)
         for f, u in zip(fused, unfused):
             assert f.shape == (b, t, D) and torch.isfinite(f).all()
             assert torch.equal(f, u), (b, t, (f.float() - u.float()).abs().max().item())
-    reps = [r for r in sibling_log()[before:] if r.groups]
+    reps = [r for r in SIBLING_LOG.since(mark) if r.groups]
     assert reps and all(r.widths == [[D, D, D]] and not r.unfused for r in reps)
 
 

@@ -39,6 +39,7 @@ import torch
 from ..families.self_attention import convertible
 from .decompose_attention import decompose_attention
 from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
+from .pass_log import PassLog
 from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
                              _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
                              fusable_linears, graph_values, restore_rows, through_views)
@@ -180,11 +181,14 @@ def _fuse_act_quant(gm: torch.fx.GraphModule, quants: list[torch.fx.Node], rep: 
         rep.act_quant += 1
 
 
-_LOG: list[FuseReport] = []  # every report of this process (tests, benchmarks), oldest first; bounded
+# every report of this process, oldest first, bounded: `FUSE_LOG.mark()` before a compile and
+# `FUSE_LOG.since(mark)` after it read that compile's reports (pass_log.py says why not a length)
+FUSE_LOG: PassLog[FuseReport] = PassLog()
 
 
 def fuse_log() -> list[FuseReport]:
-    return list(_LOG)
+    """The reports kept (the last 64), oldest first."""
+    return FUSE_LOG.entries()
 
 
 def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> FuseReport:
@@ -193,8 +197,7 @@ def fuse_quantization(gm: torch.fx.GraphModule, layer_norms: bool = True) -> Fus
     one kernel with the LayerNorm and the residual add before it (`oasr.layer_norm_quant`, an opaque op, ends
     that fusion: the add becomes a kernel of its own; measured in docs/perf/e2e.md). int8 and fp8 alike."""
     rep = FuseReport()
-    _LOG.append(rep)
-    del _LOG[:-64]
+    FUSE_LOG.append(rep)
     rep.conv_quant, rep.conv_act = fuse_conv_quantization(gm)  # int8 convs (fuse_conv_quant.py)
     quants = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ALL_QUANTS]
     if not quants and not (rep.conv_quant or rep.conv_act):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .pass_log import PassLog
 from .quant_patterns import _QUANT, _QUANT_CAL, _SCALED_MM, eliminate_dead_code, restore_rows, through_views
 
 _ADDS = {operator.add, torch.add}
@@ -40,11 +41,14 @@ class ResidualReport:
     unfused: list[str] = field(default_factory=list)    # GEMM + add sites left as they were, and why
 
 
-_LOG: list[ResidualReport] = []  # every report of this process (tests, benchmarks), oldest first; bounded
+# every report of this process, oldest first, bounded: `RESIDUAL_LOG.mark()` before a compile and
+# `RESIDUAL_LOG.since(mark)` after it read that compile's reports (pass_log.py says why not a length)
+RESIDUAL_LOG: PassLog[ResidualReport] = PassLog()
 
 
 def residual_log() -> list[ResidualReport]:
-    return list(_LOG)
+    """The reports kept (the last 64), oldest first."""
+    return RESIDUAL_LOG.entries()
 
 
 def _val(n):
@@ -153,8 +157,7 @@ def _why_not(add, gemm, alpha, mul, r) -> str | None:
 def fuse_residual_adds(gm: torch.fx.GraphModule) -> ResidualReport:
     """Rewrite every matching add of `gm` in place (module docstring); returns what was fused and what not."""
     rep = ResidualReport()
-    _LOG.append(rep)
-    del _LOG[:-64]
+    RESIDUAL_LOG.append(rep)
     g = gm.graph
     for add in list(g.nodes):
         if add.op != "call_function" or add.target not in _ADDS or add.kwargs or len(add.args) != 2:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .pass_log import PassLog
 from .quant_patterns import _LINEARS, _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
 
 N_ALIGN = 8   # the int8 kernels write output rows 128 bits at a time (ops._check: N % 8)
@@ -74,11 +75,14 @@ class SiblingReport:
     unfused: list[str] = field(default_factory=list)    # groups (or siblings) left as they were, and why
 
 
-_LOG: list[SiblingReport] = []  # every report of this process (tests, benchmarks), oldest first; bounded
+# every report of this process, oldest first, bounded: `SIBLING_LOG.mark()` before a compile and
+# `SIBLING_LOG.since(mark)` after it read that compile's reports (pass_log.py says why not a length)
+SIBLING_LOG: PassLog[SiblingReport] = PassLog()
 
 
 def sibling_log() -> list[SiblingReport]:
-    return list(_LOG)
+    """The reports kept (the last 64), oldest first."""
+    return SIBLING_LOG.entries()
 
 
 def _arg(node: torch.fx.Node, i: int, name: str, default=None):
@@ -235,8 +239,7 @@ def _fuse(g: torch.fx.Graph, sibs: list[_Sibling], out_dtype: torch.dtype, rep: 
 def fuse_sibling_gemms(gm: torch.fx.GraphModule) -> SiblingReport:
     """Rewrite every group of sibling int8 GEMMs of `gm` in place (module docstring); returns what was fused."""
     rep = SiblingReport()
-    _LOG.append(rep)
-    del _LOG[:-64]
+    SIBLING_LOG.append(rep)
     g = gm.graph
     groups: dict[tuple, list[torch.fx.Node]] = {}
     for n in g.nodes:
