@@ -32,6 +32,10 @@ a time length under the subsampling's minimum) gets a trace of its own, so resul
 ``--max-keys`` (default 1024) bounds the number of keys: beyond it the keys with traffic are kept first, then
 an even spread of the rest.
 
+A quantized model is traced as `quantize_` leaves it, before the backend's fusion passes; ``--calibrated`` records
+the FFN fc1s that a calibrated, fused deployment serves with the act-quant GEMM under the op that GEMM reads
+(`census_fused.py`).
+
 Output (JSON)::
 
     {"schema": 1, "kind": "oasr-census", "service_mode": "offline", "keys": [{"batch", "frames", "traffic"}],
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -167,20 +171,31 @@ def _decomps() -> dict:
 
 def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dict[int, list[int]] | None = None,
                 *, bake: bool = False, arch: str | None = None, eager: bool = False) -> tuple[Any, Any, list[Any]]:
-    """Trace ``fn(*args)`` on FakeTensors and rewrite the graph with the backend's rewrite.
+    """Trace ``fn(*args)`` on FakeTensors (`trace_graph`) and rewrite the graph with the backend's rewrite.
+
+    ``bake``: resolve configs as the backend's pass does (the tuning report re-deriving a cache-hit graph); the
+    census keeps ``False``. ``eager``: bake as for a graph run without CUDA graphs. Returns (RewriteResult,
+    shape_env, fake args).
+    """
+    from ..families.graph import rewrite_graph
+
+    gm, shape_env, fakes = trace_graph(fn, tensor_args, dynamic)
+    res = rewrite_graph(gm.graph, bake=bake, arch=arch, eager=eager)
+    return res, shape_env, fakes
+
+
+def trace_graph(fn: Callable[..., Any], tensor_args: Sequence[Any],
+                dynamic: dict[int, list[int]] | None = None) -> tuple[Any, Any, list[Any]]:
+    """``fn(*args)`` traced by `make_fx` on FakeTensors with Inductor's decompositions: (graph module, shape_env,
+    fake args); the graph's placeholders are the args, in order.
 
     ``tensor_args``: tensors (real or meta) or (shape, dtype, device[, requires_grad]) tuples (`meta_stand_in`:
-    why requires_grad matters). ``dynamic``: arg index -> dims
-    made symbolic (sizes 0/1 stay static). ``bake``: resolve configs as the backend's pass does (the tuning
-    report re-deriving a cache-hit graph); the census keeps ``False``. ``eager``: bake as for a graph run without
-    CUDA graphs. Returns (RewriteResult, shape_env, fake args).
+    why requires_grad matters). ``dynamic``: arg index -> dims made symbolic (sizes 0/1 stay static).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    from ..families.graph import rewrite_graph
 
     shape_env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
@@ -195,18 +210,20 @@ def trace_sites(fn: Callable[..., Any], tensor_args: Sequence[Any], dynamic: dic
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=_decomps(), tracing_mode="symbolic")(*fakes)
     gm.graph.eliminate_dead_code()
-    res = rewrite_graph(gm.graph, bake=bake, arch=arch, eager=eager)
-    return res, shape_env, fakes
+    return gm, shape_env, fakes
 
 
 class ModelTracer:
     """Traces a model once per shape class; keys are substitutions (see the module docstring)."""
 
     def __init__(self, model: Any, make_input: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
-                 dynamic_dims: tuple[int | None, int | None]) -> None:
+                 dynamic_dims: tuple[int | None, int | None], act_quant_pairs: dict[str, str] | None = None) -> None:
         import torch
 
         self.model = model
+        # {fc2: fc1} of a calibrated, fused deployment: their fc1 sites are recorded under the act-quant op
+        # (census_fused.py); None: the plain ops, as traced
+        self.act_quant_pairs = act_quant_pairs
         self.make_input = make_input  # (batch, frames) -> (shape, dtype, device)
         self.dynamic_dims = dynamic_dims  # input dims holding (batch, frames); None = static
         self.params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -226,7 +243,15 @@ class ModelTracer:
         shape, dtype, device = self.make_input(batch, frames)
         dims = [d for d in self.dynamic_dims if d is not None]
         p_args = [self.params[n] for n in self.names]
-        res, env, fakes = trace_sites(self._fn, [*p_args, (shape, dtype, device)], {len(p_args): dims})
+        from ..families.graph import rewrite_graph
+
+        gm, env, fakes = trace_graph(self._fn, [*p_args, (shape, dtype, device)], {len(p_args): dims})
+        res = rewrite_graph(gm.graph, bake=False)
+        fused_ops: dict[str, str] = {}
+        if self.act_quant_pairs:
+            from .census_fused import fused_site_ops
+
+            fused_ops = fused_site_ops(gm.graph, res.sites, self.names, self.act_quant_pairs)
         x = fakes[-1]
         fixed, symbols = {}, {}
         for slot, d in enumerate(self.dynamic_dims):
@@ -239,8 +264,12 @@ class ModelTracer:
                 fixed[slot] = int(s)
         agg: dict[tuple, int] = {}
         from ..families.graph import census_points
+        from ..families.graph import signature as graph_signature
 
         for site in res.sites:
+            if site.node in fused_ops:  # an fc1 the fusion pass serves with the act-quant op (census_fused.py)
+                op = fused_ops[site.node]
+                site = replace(site, op=op, signature=graph_signature(site.family, op, site.dtype, site.n, site.k))
             points = census_points(site)  # the family's census recorder (families/graph.py has the contract)
             if not points:
                 self.not_censused[site.family] = self.not_censused.get(site.family, 0) + 1
@@ -409,7 +438,10 @@ def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max
                      max_seconds: float | None = None, chunk_size: int = 16, chunk_frames: int | None = None,
                      concurrency: dict[int, float] | None = None, concurrency_mean: float | None = None,
                      steps: int = DEFAULT_STEPS, max_keys: int | None = DEFAULT_MAX_KEYS,
-                     progress: bool = False) -> Census:
+                     progress: bool = False, act_quant_pairs: dict[str, str] | None = None) -> Census:
+    """The census of `model` (already quantized where the deployment is). ``act_quant_pairs``: the {fc2: fc1}
+    pairs of a calibrated deployment compiled with the quantization fusion (`census_fused.act_quant_pairs` of the
+    full-precision model): their fc1 sites are recorded under the act-quant op the fused GEMM reads."""
     shift = float(info.get("frame_shift_ms", 10))
     fixed = info.get("fixed_window")
     if service_mode == "offline":
@@ -427,7 +459,7 @@ def census_for_model(model: Any, info: dict[str, Any], *, service_mode: str, max
     make, dims = input_maker(model, info)
     if keys:
         check_input_fits(model, make, keys[0].batch, keys[0].frames)
-    tracer = ModelTracer(model, make, dims)
+    tracer = ModelTracer(model, make, dims, act_quant_pairs)
     meta = {"max_batch_size": max_batch_size, "fixed_window": fixed,
             "time_granularity": None if fixed else time_granularity}
     if service_mode == "streaming":

@@ -56,6 +56,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quantization", choices=sorted(schemes()), default=None,
                    help="quantize the full-precision model online (oasr_ops.quantize_) before tracing: the census "
                         "then reports its scaled_mm sites (default: none; a model already quantized needs none)")
+    p.add_argument("--calibrated", action="store_true",
+                   help="with --quantization: the deployment calibrates (oasr_ops.calibrate) and compiles with the "
+                        "quantization fusion (backend=\"oasr\"'s default), so each FFN fc1 -> GELU/SiLU -> fc2 runs "
+                        "fc1 as the act-quant GEMM: its points are recorded under the op that GEMM's tile is read "
+                        "from (scaled_mm_quant / scaled_mm_fp8_quant; oasr_ops/tune/census_fused.py)")
     p.add_argument("--service-mode", choices=("offline", "streaming"), required=True,
                    help="offline: (batch, time) buckets over a manifest; streaming: cohort widths x one chunk")
     p.add_argument("--max-batch-size", type=pos_int, required=True, help="largest batch (offline) or cohort "
@@ -173,6 +178,9 @@ def main(args: argparse.Namespace) -> int:
     from .capture_file import check_capture
 
     t0 = time.perf_counter()
+    if args.calibrated and not args.quantization:
+        raise UsageError("--calibrated describes a quantized deployment: give --quantization too (the pairs are "
+                         "found on the full-precision model before it is quantized)")
     try:
         model_args = _parse_model_args(args.model_args)
     except ValueError as e:
@@ -232,6 +240,17 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--model {args.model}: {_one_line(e)}") from None
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"--model {args.model}: the builder returned {type(model).__name__}, not a torch.nn.Module")
+    pairs = None
+    if args.calibrated:  # found on the full-precision model, before quantize_ replaces its Linears
+        from .census import input_maker
+        from .census_fused import act_quant_pairs
+
+        try:
+            pairs = act_quant_pairs(model, input_maker(model, info)[0], info.get("fixed_window"))
+        except Exception as e:  # the model's forward on a meta input: its message, its traceback under -v
+            log.debug("tracing --model %s for its fc1 -> activation -> fc2 pairs raised:", args.model, exc_info=True)
+            raise UsageError(f"--calibrated: --model {args.model} could not be traced on the meta device for its "
+                             f"fc1 -> GELU/SiLU -> fc2 pairs: {_one_line(e)}") from None
     if args.quantization:  # a full-precision model quantized online, as the deployment will run it
         from ..families.quantization import quantize
 
@@ -251,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
                              max_seconds=args.max_seconds, chunk_size=args.chunk_size,
                              chunk_frames=args.chunk_frames, concurrency=hist,
                              concurrency_mean=args.concurrency_mean, steps=args.steps, max_keys=args.max_keys,
-                             progress=True)
+                             progress=True, act_quant_pairs=pairs)
     except CensusInputError as e:
         log.debug("the model's forward on the census input raised:", exc_info=True)
         raise UsageError(f"--model {args.model}: {e}: {_one_line(e.__cause__)} (--n-mels, --input-layout and "
@@ -259,7 +278,8 @@ def main(args: argparse.Namespace) -> int:
     for cap in args.capture:
         merge_capture(c, cap)
     c.info.update({"model": args.model, "model_args": model_args, "census_info": info, "fast_path_layers": fast,
-                   "quantization": args.quantization,
+                   "quantization": args.quantization, "calibrated": args.calibrated,
+                   "act_quant_pairs": pairs,
                    "manifest": args.manifest, "captures": list(args.capture)})
     doc = c.to_json()
     # atomic: a census others build from, or the one this run replaces, is never left torn by a crash

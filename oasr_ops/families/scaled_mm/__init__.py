@@ -34,5 +34,7 @@ FAMILY = registry.register(registry.FamilySpec(
     handlers={"reset_plans": ops.reset_plans, "served": ops.served,
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
-              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes},
+              "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
+              # fc1 + GELU/SiLU + fc2's calibrated quantization, fused: scaled_mm_act_quant reads scaled_mm_quant
+              "act_quant_op": {"scaled_mm": "scaled_mm_quant"}.get},
 ))

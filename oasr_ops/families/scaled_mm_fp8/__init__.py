@@ -39,5 +39,7 @@ FAMILY = registry.register(registry.FamilySpec(
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
               "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
-              "measure_dtype": candidates.measure_dtype, "gate_dtypes": candidates.gate_dtypes},
+              "measure_dtype": candidates.measure_dtype, "gate_dtypes": candidates.gate_dtypes,
+              # the fused fc1 (scaled_mm_fp8_act_quant) reads the quantizing op's entries
+              "act_quant_op": {"scaled_mm_fp8": act_quant.DB_OP}.get},
 ))
