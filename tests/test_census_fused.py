@@ -14,6 +14,7 @@ from oasr_ops.quantize import quantize_
 from oasr_ops.tune import census as C
 from oasr_ops.tune.build import load_works
 from oasr_ops.tune.census_fused import act_quant_pairs
+from oasr_ops.tune.prebuild import census_plan
 from test_cli import _usage_error, home  # noqa: F401  (home: the fixture)
 
 FC1, FC2 = "N=1024|K=256", "N=256|K=1024"  # Conformer S's FFN: Linear(d, 4d) + SiLU, Linear(4d, d)
@@ -44,11 +45,16 @@ def test_calibrated_census_records_the_fc1s_under_the_act_quant_op(tmp_path, sch
     assert fused["calibrated"] is True and plain["calibrated"] is False
     assert fused["act_quant_pairs"] == {"blocks.0.ff1.fc2": "blocks.0.ff1.fc1", "blocks.0.ff2.fc2": "blocks.0.ff2.fc1"}
     # the family's build measures them under that op
-    path = tmp_path / "fused.json"
+    path, plain_path = tmp_path / "fused.json", tmp_path / "plain.json"
     path.write_text(json.dumps(fused))
+    plain_path.write_text(json.dumps(plain))
     works = load_works([str(path)], family)
     assert fc1_fused in works and [p.m for p in works[fc1_fused].points] == \
         [p["m"] for p in fused["signatures"][fc1_fused]["points"]]
+    # and `oasr tune prebuild --census` compiles the quantizing launchers that build loads for them
+    out_dt = {"scaled_mm": "int8", "scaled_mm_fp8": "fp8"}[family]
+    assert (family, out_dt) in census_plan([str(path)], "sm90", family=family)
+    assert (family, out_dt) not in census_plan([str(plain_path)], "sm90", family=family)
 
 
 class _TwoFFNs(nn.Module):

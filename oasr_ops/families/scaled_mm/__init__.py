@@ -35,6 +35,7 @@ FAMILY = registry.register(registry.FamilySpec(
               "candidates": candidates.candidates, "operands": candidates.operands,
               "prebuild_specs": prebuild.prebuild_specs, "census_from": candidates.census_from,
               "rewrite": rewrite.rewrite, "quantize_schemes": quantize.schemes,
+              "measure_dtype": candidates.measure_dtype,
               # fc1 + GELU/SiLU + fc2's calibrated quantization, fused: scaled_mm_act_quant reads scaled_mm_quant
               "act_quant_op": {"scaled_mm": "scaled_mm_quant"}.get},
 ))

@@ -65,6 +65,14 @@ def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: O
     return Operands(point, {"a": a, "sa": sa}, consts, weights, None)
 
 
+def measure_dtype(parts: Any) -> str:
+    """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): fp16
+    output (`_bind`), int8 (the quantizing launcher) for the quantizing op."""
+    import torch
+
+    return _ops.kernel_dtype(parts.op, torch.float16)
+
+
 def census_from(parts: Any, weight_bytes: int) -> tuple[str, int] | None:
     """The scaled_mm signature a quantized deployment runs for another family's census signature (and its
     weight bytes: int8 weights are half the fp16 ones), or None."""

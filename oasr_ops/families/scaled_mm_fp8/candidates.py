@@ -42,8 +42,11 @@ def _bind(op: str):
 
 def measure_dtype(parts: Any) -> str:
     """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): bf16,
-    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call."""
-    return "bf16"
+    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call; e4m3 (the
+    quantizing launcher) for the quantizing op."""
+    import torch
+
+    return _ops.kernel_dtype(parts.op, torch.bfloat16)
 
 
 def gate_dtypes(parts: Any) -> tuple[str, ...]:
