@@ -84,7 +84,7 @@ def _frozen_dynamo_graph_values(model, x):
     """`graph_values` of the Dynamo graph of `model(*x)` traced under freezing (parameters as get_attr nodes)."""
     import torch._inductor.config as inductor_config
 
-    from oasr_ops.inductor.quant_patterns import graph_values
+    from oasr_ops.families.quant_patterns import graph_values
 
     seen = []
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..families.conv2d_activation.ops import DIRECT_MAX_K
-from .quant_patterns import _activation, _arg
+from ..families.quant_patterns import _activation, _arg
 
 _CONV2D = {torch.conv2d, torch.nn.functional.conv2d}
 _RELU = {torch.relu, torch.nn.functional.relu}

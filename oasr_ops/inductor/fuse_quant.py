@@ -36,13 +36,14 @@ from typing import Any
 
 import torch
 
+from ..families.quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
+                                       _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, act_pairs,
+                                       eliminate_dead_code, fusable_linears, graph_values, restore_rows,
+                                       through_views)
 from ..families.self_attention import convertible
 from .decompose_attention import decompose_attention
 from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
 from .pass_log import PassLog
-from .quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
-                             _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, eliminate_dead_code,
-                             fusable_linears, graph_values, restore_rows, through_views)
 
 # calibrated quantization -> (the GEMMs whose activated output it may absorb, the fused op): int8, fp8
 _ACT_QUANT_RULES = (
@@ -255,11 +256,8 @@ def fusable_filter(model: torch.nn.Module, *args, **kwargs) -> FusableLayers:
             if fqn is not None:
                 found.add(fqn)
                 fqn_of[node] = fqn
-        for node, fqn in fqn_of.items():  # an fc2: its input is act(fc1(...)), fc1 itself fusable
-            src = through_views(node.args[0])
-            producer = through_views(src.args[0]) if _activation(src) else None
-            if producer in fqn_of:
-                requires[fqn] = fqn_of[producer]
+        for fc2, fc1 in act_pairs(list(fqn_of)):  # an fc2: its input is act(fc1(...)), fc1 itself fusable
+            requires[fqn_of[fc2]] = fqn_of[fc1]
         return gm.forward
 
     # traced off PyTorch's fused transformer fast path: quantize_ keeps a quantized stock layer off it too

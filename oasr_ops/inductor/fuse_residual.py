@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..families.quant_patterns import (_QUANT, _QUANT_CAL, _SCALED_MM, eliminate_dead_code, restore_rows,
+                                       through_views)
 from .pass_log import PassLog
-from .quant_patterns import _QUANT, _QUANT_CAL, _SCALED_MM, eliminate_dead_code, restore_rows, through_views
 
 _ADDS = {operator.add, torch.add}
 _MULS = {operator.mul, torch.mul}

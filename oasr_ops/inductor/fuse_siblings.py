@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..families.quant_patterns import _LINEARS, _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
 from .pass_log import PassLog
-from .quant_patterns import _LINEARS, _SCALED_MM, eliminate_dead_code, mutates_in_place, restore_rows
 
 N_ALIGN = 8   # the int8 kernels write output rows 128 bits at a time (ops._check: N % 8)
 K_ALIGN = 16  # and read int8 operands 16 at a time (K % 16)

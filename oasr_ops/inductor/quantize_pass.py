@@ -31,6 +31,7 @@ import torch
 
 from ..families.conv2d_activation.ops_int8 import quantize_conv_weight
 from ..families.conv2d_activation.quantize import dynamic_input_scale
+from ..families.quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 from ..families.scaled_mm.calibrate import QMAX_OF, calibrated_scale
 from ..families.scaled_mm.qconfig import Int8W8A8Config, as_quant_config
 from ..families.scaled_mm.quantize import quantize_weight
@@ -39,7 +40,6 @@ from ..families.scaled_mm_fp8.reference import quantize_weight_fp8
 from ..runtime.plans import WarnOnce
 from .decompose_attention import decompose_attention
 from .fuse_conv_quant import conv2d_args, fusable_convs
-from .quant_patterns import _LINEARS, fusable_linears, graph_values, positional_linears, restore_rows
 
 _WARN = WarnOnce()
 _CONV_QMAX = QMAX_OF["int8_w8a8"]  # the conv is int8 only (QuantConv2d)

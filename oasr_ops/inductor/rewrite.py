@@ -160,12 +160,12 @@ def cache_hits_dropped() -> int:
 def _family_sources() -> list[Path]:
     """Every module that decides what the pass bakes: each family's package (its matcher, ops, selection policy,
     lanes — the files next to its ``rewrite`` handler), the generic rewrite, selection, and this module."""
-    from ..families import graph
+    from ..families import graph, quant_patterns
     from ..runtime import plans, registry, select
 
     paths = [Path(__file__), Path(graph.__file__), Path(select.__file__), Path(plans.__file__),
              Path(__file__).with_name("quantize_pass.py"), Path(__file__).with_name("fuse_quant.py"),
-             Path(__file__).with_name("quant_patterns.py"), Path(__file__).with_name("fuse_residual.py"),
+             Path(quant_patterns.__file__), Path(__file__).with_name("fuse_residual.py"),
              Path(__file__).with_name("fuse_siblings.py")]
     for spec in registry.families().values():
         matcher = spec.handler("rewrite")

@@ -8,13 +8,13 @@ run its FFN's fc1 as the plain quantized GEMM: the fusion pass (`inductor/fuse_q
 op; without this step a build tunes fc1 under an op the deployment never looks up, and the fused fc1 — the FFN's
 largest GEMM — runs the family's untuned answer.
 
-How (decision: reuse the fusion's own analysis rather than match the fused pattern a second time on the
-decomposed ATen graph): `fusable_filter` traces the full-precision model once with Dynamo (on the ``meta``
-device: no compute) and names its (fc2 -> fc1) pairs; in each census trace, a quantized GEMM site whose weight is
-a parameter of such an fc1 (the weight placeholder's name, through view-like nodes) is recorded under the op its
-family's ``act_quant_op`` handler names. Only pairs whose fc2 is quantized as well count (the epilogue writes
-fc2's input). What this does not see: a pair that `fusable_filter` does not name (an fc1 whose input is not a
-LayerNorm's output is fused at compile time too, once its fc2 is calibrated) — such an fc1 stays under the plain
+How (decision: reuse the fusion's own patterns, `families/quant_patterns.py`, rather than match the fused pattern a
+second time on the decomposed ATen graph): one Dynamo trace of the full-precision model (on the ``meta`` device: no
+compute) names its (fc2 -> fc1) pairs as `fusable_filter` does; in each census trace, a quantized GEMM site whose
+weight is a parameter of such an fc1 (the weight placeholder's name, through view-like nodes) is recorded under the
+op its family's ``act_quant_op`` handler names. Only pairs whose fc2 is quantized as well count (the epilogue
+writes fc2's input). What this does not see: a pair that `fusable_filter` does not name (an fc1 whose input is not
+a LayerNorm's output is fused at compile time too, once its fc2 is calibrated) — such an fc1 stays under the plain
 op.
 """
 from __future__ import annotations
@@ -28,16 +28,35 @@ PAIR_TRACE_FRAMES = 400
 
 def act_quant_pairs(model: Any, make_input: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
                     fixed_window: int | None = None) -> dict[str, str]:
-    """{fc2 fqn: fc1 fqn} of `model` (full precision, before `quantize_`): the pairs the fusion pass fuses once
-    fc2 is calibrated (`fusable_filter`'s ``requires``). Traced on a ``meta`` copy of the model (the original
-    is not touched and nothing is computed)."""
+    """{fc2 fqn: fc1 fqn} of `model` (full precision, before `quantize_`): the pairs `fusable_filter` names, whose
+    fc1 the fusion pass serves with the act-quant GEMM once fc2 is calibrated. One Dynamo trace (no compilation)
+    of a ``meta`` copy of the model: the original is not touched and nothing is computed."""
     import torch
 
-    from ..inductor.fuse_quant import fusable_filter
+    from ..families.quant_patterns import act_pairs, fusable_linears, graph_values
 
     shape, dtype, _device = make_input(1, int(fixed_window or PAIR_TRACE_FRAMES))
     on_meta = copy.deepcopy(model).to("meta")
-    return dict(fusable_filter(on_meta, torch.empty(shape, dtype=dtype, device="meta")).requires)
+    fqn_of_weight = {id(m.weight): fqn for fqn, m in on_meta.named_modules() if isinstance(m, torch.nn.Linear)}
+    pairs: dict[str, str] = {}
+
+    def capture(gm, example_inputs):
+        value_of = graph_values(gm, example_inputs)
+        for fc2, fc1 in act_pairs(fusable_linears(gm, value_of, require_calibration=False)):
+            names = [fqn_of_weight.get(id(value_of.get(n.args[1]))) for n in (fc2, fc1)]
+            if None not in names:
+                pairs[names[0]] = names[1]
+        return gm.forward
+
+    # traced off PyTorch's fused transformer fast path, as quantize_ keeps a quantized stock layer off it
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.compile(on_meta, backend=capture)(torch.empty(shape, dtype=dtype, device="meta"))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+    return pairs
 
 
 def _weight_source(node: Any) -> Any:

@@ -27,7 +27,7 @@ class Int8W8A8Config:
       layers: which linears the backend's in-graph quantization (``options={"quantization": ...}``) converts:
         ``"fusable"`` (default: only those whose input quantization the fusion pass moves into the producer —
         after a LayerNorm, or after GELU/SiLU of such a layer when calibrated with `oasr_ops.calibrate`;
-        `oasr_ops.inductor.quant_patterns.fusable_linears`; the rest stay in 16 bits, where int8 does not pay) or
+        `oasr_ops.families.quant_patterns.fusable_linears`; the rest stay in 16 bits, where int8 does not pay) or
         ``"all"`` (every qualifying one). Measured (docs/perf/e2e.md, session 33, H200, fp16 Inductor = 1, with
         ``fuse_quantization=True``): ``"all"`` 0.96-1.03x on the three example models; ``"fusable"`` 1.08-1.16x,
         calibrated 1.33-1.41x, calibrated and compiled frozen 1.40-1.66x

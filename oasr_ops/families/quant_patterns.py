@@ -1,6 +1,7 @@
-"""Graph patterns shared by the int8 / fp8 passes (`quantize_pass`, `fuse_quant`): what a quantized linear's input
-quantization can be fused into, seen on Dynamo's graph (views looked through, LayerNorm and GELU/SiLU nodes,
-`restore_rows`), and which linears int8 pays for."""
+"""Graph patterns shared by the int8 / fp8 passes (`inductor/quantize_pass`, `inductor/fuse_quant`) and the census
+(`tune/census_fused`): what a quantized linear's input quantization can be fused into, seen on Dynamo's graph
+(views looked through, LayerNorm and GELU/SiLU nodes, `restore_rows`), and which linears int8 pays for. Below the
+graph pass (families layer) so that the census, which sits under it, reads the same patterns."""
 from __future__ import annotations
 
 import operator
@@ -94,6 +95,19 @@ def _activation(n) -> str | None:
     return None
 
 
+def act_pairs(nodes: list[torch.fx.Node]) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(fc2, fc1) for each node of `nodes` whose input is GELU/SiLU of another node of `nodes`' output (views looked
+    through): the pairs whose fc1 the fusion pass serves with an act-quant GEMM once fc2's scale is calibrated."""
+    members = set(nodes)
+    out = []
+    for fc2 in nodes:
+        src = through_views(fc2.args[0])
+        fc1 = through_views(src.args[0]) if _activation(src) else None
+        if fc1 in members:
+            out.append((fc2, fc1))
+    return out
+
+
 def _layer_norm_args(n) -> tuple | None:
     """(x, weight, bias, eps) of a LayerNorm over the last dim, else None."""
     if not isinstance(n, torch.fx.Node) or n.op != "call_function" or n.target not in _LAYER_NORMS:
@@ -133,7 +147,7 @@ def fusable_linears(gm: torch.fx.GraphModule, value_of: dict | None = None,
     out-projections, the conv module's pointwise2 — would pay a separate quantization pass per call, which costs
     more than their int8 GEMM saves (docs/perf/e2e.md: 6.0 ms with every layer int8 vs 4.68 ms with only the
     layers after a LayerNorm, fp16 4.34 ms, Conformer M on the H200)."""
-    from ..families.scaled_mm.calibrate import calibrated_scale
+    from .scaled_mm.calibrate import calibrated_scale
 
     value_of = value_of or {}
     positional_linears(gm)
