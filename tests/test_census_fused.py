@@ -77,7 +77,7 @@ def test_an_fc1_whose_fc2_stays_in_16_bits_is_not_fused():
     model = _TwoFFNs().half().eval()
     make, _dims = C.input_maker(model, {})
     pairs = act_quant_pairs(model, make)
-    assert pairs == {"fc2_a": "fc1_a", "fc2_b": "fc1_b"}  # the analysis is the fusion's, before quantization
+    assert pairs == {"fc2_a": "fc1_a", "fc2_b": "fc1_b"}  # found before quantization: fc2_b is still a Linear
     q = quantize_(model, "int8_w8a8")
     assert isinstance(q.fc2_b, nn.Linear) and not isinstance(q.fc2_a, nn.Linear)
     sigs = C.census_for_model(q, {}, service_mode="streaming", max_batch_size=2, chunk_frames=9,
@@ -100,3 +100,21 @@ def test_calibrated_without_quantization_is_a_usage_error(home, capsys):  # noqa
     _usage_error(home, capsys, ["tune", "census", "--model", "examples.conformer:build_model", "--calibrated",
                                 "--service-mode", "streaming", "--max-batch-size", "2",
                                 "--out", str(home / "in" / "c.json")], "--calibrated", "--quantization")
+
+
+@pytest.mark.parametrize("act,fused", [("GELU", True), ("ReLU", False)])
+def test_any_linear_act_linear_is_a_pair_and_none_is_said(tmp_path, capsys, act, fused):
+    """No LayerNorm before fc1: the pass fuses it all the same (GELU / SiLU only); without a pair, one warning."""
+    src = tmp_path / f"ffn_{act.lower()}.py"  # a file name per case: the loader imports it by its stem
+    src.write_text("import torch\n\ndef build_model(device='cpu', dtype=torch.float16):\n"
+                   f"    return torch.nn.Sequential(torch.nn.Linear(80, 64), torch.nn.{act}(), torch.nn.Linear(64, 48))"
+                   ".to(device, dtype)\n")
+    out = tmp_path / "c.json"
+    assert cli.main(["tune", "census", "--model", f"{src}:build_model", "--quantization", "int8_w8a8",
+                     "--calibrated", "--service-mode", "streaming", "--max-batch-size", "2", "--chunk-frames", "9",
+                     "--out", str(out)]) == 0
+    said = "warning: --calibrated" in capsys.readouterr().err  # the CLI's own stderr handler
+    doc = json.loads(out.read_text())
+    assert said is not fused and doc["act_quant_pairs"] == ({"2": "0"} if fused else {})
+    fc1 = "scaled_mm|op={}|N=64|K=80".format("scaled_mm_quant" if fused else "scaled_mm")
+    assert fc1 in doc["signatures"] and "scaled_mm|op=scaled_mm|N=48|K=64" in doc["signatures"]

@@ -251,6 +251,9 @@ def main(args: argparse.Namespace) -> int:
             log.debug("tracing --model %s for its fc1 -> activation -> fc2 pairs raised:", args.model, exc_info=True)
             raise UsageError(f"--calibrated: --model {args.model} could not be traced on the meta device for its "
                              f"fc1 -> GELU/SiLU -> fc2 pairs: {_one_line(e)}") from None
+        if not pairs:
+            log.warning("--calibrated: --model %s has no Linear -> GELU/SiLU -> Linear, so no site runs the "
+                        "act-quant GEMM: the census is the one --quantization alone writes", args.model)
     if args.quantization:  # a full-precision model quantized online, as the deployment will run it
         from ..families.quantization import quantize
 

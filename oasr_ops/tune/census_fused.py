@@ -10,12 +10,12 @@ largest GEMM — runs the family's untuned answer.
 
 How (decision: reuse the fusion's own patterns, `families/quant_patterns.py`, rather than match the fused pattern a
 second time on the decomposed ATen graph): one Dynamo trace of the full-precision model (on the ``meta`` device: no
-compute) names its (fc2 -> fc1) pairs as `fusable_filter` does; in each census trace, a quantized GEMM site whose
-weight is a parameter of such an fc1 (the weight placeholder's name, through view-like nodes) is recorded under the
-op its family's ``act_quant_op`` handler names. Only pairs whose fc2 is quantized as well count (the epilogue
-writes fc2's input). What this does not see: a pair that `fusable_filter` does not name (an fc1 whose input is not
-a LayerNorm's output is fused at compile time too, once its fc2 is calibrated) — such an fc1 stays under the plain
-op.
+compute) names its (fc2 -> fc1) pairs — every Linear whose input is GELU/SiLU of another Linear's output, as the
+fusion pass fuses any quantized GEMM -> GELU/SiLU -> calibrated quantization, whatever feeds the GEMM; in each
+census trace, a quantized GEMM site whose weight is a parameter of such an fc1 (the weight placeholder's name,
+through view-like nodes) is recorded under the op its family's ``act_quant_op`` handler names. Only pairs whose
+fc2 is quantized as well count (the epilogue writes fc2's input). Not seen: the pass leaves a pair unfused when
+fc1's output or the activation has another consumer; the census still records that fc1 as fused.
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ PAIR_TRACE_FRAMES = 400
 
 def act_quant_pairs(model: Any, make_input: Callable[[int, int], tuple[tuple[int, ...], Any, Any]],
                     fixed_window: int | None = None) -> dict[str, str]:
-    """{fc2 fqn: fc1 fqn} of `model` (full precision, before `quantize_`): the pairs `fusable_filter` names, whose
-    fc1 the fusion pass serves with the act-quant GEMM once fc2 is calibrated. One Dynamo trace (no compilation)
-    of a ``meta`` copy of the model: the original is not touched and nothing is computed."""
+    """{fc2 fqn: fc1 fqn} of `model` (full precision, before `quantize_`): every Linear -> GELU/SiLU -> Linear, whose
+    fc1 the fusion pass serves with the act-quant GEMM once both are quantized and fc2 is calibrated. One Dynamo
+    trace (no compilation) of a ``meta`` copy of the model: the original is not touched and nothing is computed."""
     import torch
 
-    from ..families.quant_patterns import act_pairs, fusable_linears, graph_values
+    from ..families.quant_patterns import _LINEARS, act_pairs, graph_values, positional_linears
 
     shape, dtype, _device = make_input(1, int(fixed_window or PAIR_TRACE_FRAMES))
     on_meta = copy.deepcopy(model).to("meta")
@@ -42,7 +42,9 @@ def act_quant_pairs(model: Any, make_input: Callable[[int, int], tuple[tuple[int
 
     def capture(gm, example_inputs):
         value_of = graph_values(gm, example_inputs)
-        for fc2, fc1 in act_pairs(fusable_linears(gm, value_of, require_calibration=False)):
+        positional_linears(gm)
+        linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _LINEARS]
+        for fc2, fc1 in act_pairs(linears):
             names = [fqn_of_weight.get(id(value_of.get(n.args[1]))) for n in (fc2, fc1)]
             if None not in names:
                 pairs[names[0]] = names[1]
