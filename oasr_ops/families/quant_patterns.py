@@ -25,6 +25,24 @@ def graph_values(gm: torch.fx.GraphModule, example_inputs: list) -> dict:
     return values
 
 
+def trace_dynamo_graphs(model: torch.nn.Module, on_graph, *args, **kwargs) -> None:
+    """Run ``model(*args, **kwargs)`` once under no_grad through Dynamo without compiling anything, calling
+    ``on_graph(gm, example_inputs)`` on each graph it captures — the analyses that must see the graph the backend's
+    passes will see (`fusable_filter`, the census's fc1 -> fc2 pairs). Traced off PyTorch's fused transformer fast
+    path, as `quantize_` keeps a quantized stock layer off it."""
+    def capture(gm, example_inputs):
+        on_graph(gm, example_inputs)
+        return gm.forward
+
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=capture)(*args, **kwargs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+
+
 def restore_rows(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The quantized linear's [M, N] output back to x's leading dims (and dtype: an fp32 layer computes in fp16)."""
     y = y.reshape(*x.shape[:-1], y.shape[-1])

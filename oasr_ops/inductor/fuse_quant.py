@@ -39,7 +39,7 @@ import torch
 from ..families.quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM,  # noqa: F401
                                        _SCALED_MM_FP8, _activation, _is_view, _layer_norm_args, act_pairs,
                                        eliminate_dead_code, fusable_linears, graph_values, restore_rows,
-                                       through_views)
+                                       through_views, trace_dynamo_graphs)
 from ..families.self_attention import convertible
 from .decompose_attention import decompose_attention
 from .fuse_conv_quant import fusable_convs, fuse_conv_quantization
@@ -258,14 +258,6 @@ def fusable_filter(model: torch.nn.Module, *args, **kwargs) -> FusableLayers:
                 fqn_of[node] = fqn
         for fc2, fc1 in act_pairs(list(fqn_of)):  # an fc2: its input is act(fc1(...)), fc1 itself fusable
             requires[fqn_of[fc2]] = fqn_of[fc1]
-        return gm.forward
 
-    # traced off PyTorch's fused transformer fast path: quantize_ keeps a quantized stock layer off it too
-    fast_path = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.no_grad():
-            torch.compile(model, backend=capture)(*args, **kwargs)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fast_path)
+    trace_dynamo_graphs(model, capture, *args, **kwargs)
     return FusableLayers(frozenset(found), requires)

@@ -33,7 +33,7 @@ def act_quant_pairs(model: Any, make_input: Callable[[int, int], tuple[tuple[int
     trace (no compilation) of a ``meta`` copy of the model: the original is not touched and nothing is computed."""
     import torch
 
-    from ..families.quant_patterns import _LINEARS, act_pairs, graph_values, positional_linears
+    from ..families.quant_patterns import _LINEARS, act_pairs, graph_values, positional_linears, trace_dynamo_graphs
 
     shape, dtype, _device = make_input(1, int(fixed_window or PAIR_TRACE_FRAMES))
     on_meta = copy.deepcopy(model).to("meta")
@@ -48,16 +48,8 @@ def act_quant_pairs(model: Any, make_input: Callable[[int, int], tuple[tuple[int
             names = [fqn_of_weight.get(id(value_of.get(n.args[1]))) for n in (fc2, fc1)]
             if None not in names:
                 pairs[names[0]] = names[1]
-        return gm.forward
 
-    # traced off PyTorch's fused transformer fast path, as quantize_ keeps a quantized stock layer off it
-    fast_path = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.no_grad():
-            torch.compile(on_meta, backend=capture)(torch.empty(shape, dtype=dtype, device="meta"))
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fast_path)
+    trace_dynamo_graphs(on_meta, capture, torch.empty(shape, dtype=dtype, device="meta"))
     return pairs
 
 
