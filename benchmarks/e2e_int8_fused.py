@@ -13,7 +13,9 @@ Variants (each compiles its own copy of the same fp16 weights, mode="reduce-over
   calibrated, fuse_quantization="act": fc1 -> oasr.scaled_mm_fp8_act_quant -> fc2, the LayerNorms' e4m3
   quantization left to Inductor), fp8-fused (the same with fuse_quantization=True: the LayerNorms too, as
   oasr.layer_norm_quant(scheme="fp8")) and, with --with-unfused, fp8-all (every qualifying layer fp8, fusion pass
-  off). --with-act-only / --with-layout-opt / --with-residual / --with-siblings are int8 variants
+  off); these three leave the residual adds unfused (fuse_residual=False) and --with-residual adds fp8-fused-act-res
+  and fp8-fused-res (oasr.scaled_mm_fp8_residual: fc2's epilogue adds the residual) and a -res copy of each budget
+  variant. --with-act-only / --with-layout-opt / --with-siblings are int8 variants
   (--with-siblings: int8-fused-sib, the q/k/v GEMMs as one: inductor/fuse_siblings.py; --with-freezing: -res,
   -sib and -act-res compiled with Inductor's freezing, -frz, and the frozen baseline fp16-frz). --with-options
   adds the in-graph path (`options={"quantization": ...}` on the fp16 model, fuse_quantization=True) for either
@@ -177,7 +179,8 @@ def main() -> int:
     p.add_argument("--with-residual", action="store_true",
                    help="also time int8-fused-act-res: int8-fused-act with the residual add in fc2's epilogue "
                         "(oasr.scaled_mm_residual; the backend's default with fuse_quantization, which the other "
-                        "int8-fused variants turn off to measure what they name)")
+                        "int8-fused variants turn off to measure what they name); with fp8, the fp8 -res variants "
+                        "(docstring)")
     p.add_argument("--with-siblings", action="store_true",
                    help="also time int8-fused-sib: int8-fused-res (fuse_quantization=True, fuse_residual=True) with "
                         "fuse_siblings=True (the q/k/v GEMMs sharing layer_norm_quant's int8 rows as one GEMM of "
@@ -343,13 +346,22 @@ def main() -> int:
         if "fuse_quantization" in opts:
             opts.setdefault("fuse_siblings", False)
     if fp8:  # the fp8 variants replace the int8 ones (docstring)
+        no_res = {"fuse_residual": False}  # what these variants measured before the fp8 residual epilogue existed
         variants = {"fp16": variants["fp16"],
-                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act"}),
-                    "fp8-fused": (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": True})}
+                    "fp8-fused-act": (qmodel, oasr_backend, {"fuse_quantization": "act", **no_res}),
+                    "fp8-fused": (copy.deepcopy(qmodel), oasr_backend, {"fuse_quantization": True, **no_res})}
         if a.with_unfused:
             variants["fp8-all"] = (oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8"), oasr_backend,
                                    {"fuse_quantization": False})
-        variants.update(budget_variants)
+        for name, (m, backend, opts) in budget_variants.items():
+            variants[name] = (m, backend, {**opts, **no_res})
+            if a.with_residual:
+                variants[f"{name}-res"] = (copy.deepcopy(m), backend, {**opts, "fuse_residual": True})
+        if a.with_residual:
+            variants["fp8-fused-act-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                             {"fuse_quantization": "act", "fuse_residual": True})
+            variants["fp8-fused-res"] = (copy.deepcopy(qmodel), oasr_backend,
+                                         {"fuse_quantization": True, "fuse_residual": True})
     if a.with_options:  # the in-graph path: the fp16 model itself, quantized by the backend's graph pass
         q = a.quantization.split("_")[0]
         config_type = oasr_ops.Fp8W8A8Config if fp8 else oasr_ops.Int8W8A8Config

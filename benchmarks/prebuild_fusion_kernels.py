@@ -18,7 +18,9 @@ yet, in parallel (on a GPU host: `--jobs 16`), so that no step compiles a kernel
   tile (`all`) or of the lane default only (`default`); an item `act:TILES` overrides `--fp8-tiles` for that
   activation (`gelu:all,silu:default`: what tests/test_fp8_fuse_quant_gpu.py runs); `--fp8-fp16`: the fp16-output
   kernels of the fp8 production set (the unfused fp8 layers and the calibration's eager forward), `--fp8-fp16
-  default` only the lane default's. `--acts '' --lnq none` leaves the int8 kernels out.
+  default` only the lane default's; `--fp8-residual`: the `fp16_res` variant (`oasr.scaled_mm_fp8_residual`) of
+  the fp8 tiles the fc2 residual sites resolve to plus the lane default. `--acts '' --lnq none` leaves the int8
+  kernels out.
 
   OASR_JIT_DIR=DIR python benchmarks/prebuild_fusion_kernels.py [--jobs 16] [--acts silu] [--lnq auto] [--int8-fp16]
 """
@@ -48,11 +50,13 @@ LNQ_WIDTHS = (256, 512, 768, 1024)
 FP8_TILES = ("sites", "all", "default")
 
 
-def fp8_specs(acts: list[str], tiles: str, fp16: str | bool) -> list[JitSpec]:
-    """The fp8 act-quant kernels (module docstring: `acts` items ``act`` or ``act:TILES``) and the fp16 kernels
-    `fp16` asks for (``production``/True, ``default``, ``none``/False)."""
+def fp8_specs(acts: list[str], tiles: str, fp16: str | bool, residual: bool = False) -> list[JitSpec]:
+    """The fp8 act-quant kernels (module docstring: `acts` items ``act`` or ``act:TILES``), the fp16 kernels
+    `fp16` asks for (``production``/True, ``default``, ``none``/False) and, with `residual`, the fc2 sites'
+    residual kernels."""
     from oasr_ops.families.scaled_mm_fp8.act_quant import select_act_quant_config
     from oasr_ops.families.scaled_mm_fp8.kernels import production_configs
+    from oasr_ops.families.scaled_mm_fp8.residual import select_residual_config
 
     lane = registry.native_lane("sm90", "scaled_mm_fp8")
 
@@ -73,6 +77,9 @@ def fp8_specs(acts: list[str], tiles: str, fp16: str | bool) -> list[JitSpec]:
         out += [JitSpec.for_kernel(lane, c, "fp16", "sm90") for c in production_configs("sm90")]
     elif fp16 == "default":
         out.append(JitSpec.for_kernel(lane, lane.default, "fp16", "sm90"))
+    if residual:
+        res = {lane.default.id} | {select_residual_config(n, k, m, "sm90").config for n, k, m in RESIDUAL_SITES}
+        out += [JitSpec.for_kernel(lane, lane.get(c), "fp16_res", "sm90") for c in sorted(res & set(lane.ids()))]
     return out
 
 
@@ -85,6 +92,8 @@ def main() -> int:
     p.add_argument("--fp8-tiles", choices=FP8_TILES, default="sites")
     p.add_argument("--fp8-fp16", nargs="?", const="production", default="none",
                    choices=("none", "default", "production"), help="also the fp16-output kernels of the fp8 production set (or of the lane default only)")
+    p.add_argument("--fp8-residual", action="store_true",
+                   help="also the fp16_res variant of the fp8 tiles of the fc2 sites (oasr.scaled_mm_fp8_residual)")
     p.add_argument("--int8-fp16", action="store_true", help="also the fp16-output variant of every int8 tile")
     p.add_argument("--residual", action="store_true", help="also the fp16_res variant of the fc2 sites' tiles")
     p.add_argument("--production", default="",
@@ -123,7 +132,7 @@ def main() -> int:
             continue
         if prebuild is not None:
             specs += prebuild("sm90", all_=False, dtypes=("fp16",))
-    specs += fp8_specs([s for s in a.fp8_acts.split(",") if s], a.fp8_tiles, a.fp8_fp16)
+    specs += fp8_specs([s for s in a.fp8_acts.split(",") if s], a.fp8_tiles, a.fp8_fp16, a.fp8_residual)
     print(f"{len(specs)} kernels", flush=True)
     report = build_many(specs, jobs=a.jobs)
     print(report.summary())

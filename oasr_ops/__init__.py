@@ -19,6 +19,7 @@ from .families.scaled_mm.calibrate import RangeCheck, calibrate, check_calibrati
 from .families.layer_norm_quant.ops import layer_norm_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.ops import quantize_fp8, scaled_mm_fp8, scaled_mm_fp8_quant  # noqa: F401,E402
 from .families.scaled_mm_fp8.act_quant import scaled_mm_fp8_act_quant  # noqa: F401,E402
+from .families.scaled_mm_fp8.residual import scaled_mm_fp8_residual  # noqa: F401,E402
 from .inductor.fuse_quant import fusable_filter  # noqa: F401,E402
 from .quantize import (Fp8QuantLinear, Fp8W8A8Config, Int8W8A8Config, QuantConv2d,  # noqa: F401,E402
                        QuantLinear, quantization_report, quantize_)

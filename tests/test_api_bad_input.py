@@ -188,7 +188,10 @@ def test_the_fp8_ops_refuse_a_config_of_another_family():
     for op, call in {"scaled_mm_fp8": lambda c: oasr_ops.scaled_mm_fp8(a, w, sa, sw, config=c),
                      "scaled_mm_fp8_quant": lambda c: oasr_ops.scaled_mm_fp8_quant(a, w, sa, sw, one, config=c),
                      "scaled_mm_fp8_act_quant":
-                         lambda c: oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, one, "silu", config=c)}.items():
+                         lambda c: oasr_ops.scaled_mm_fp8_act_quant(a, w, sa, sw, one, "silu", config=c),
+                     "scaled_mm_fp8_residual":
+                         lambda c: oasr_ops.scaled_mm_fp8_residual(a, w, sa, sw, torch.zeros(4, 32, dtype=torch.bfloat16),
+                                                                   config=c)}.items():
         with pytest.raises(ValueError, match=rf"oasr.{op}: config .* is in no scaled_mm_fp8 lane"):
             call(foreign)
     with pytest.raises(ValueError, match="is in no scaled_mm_fp8 lane"):
@@ -288,6 +291,9 @@ def _layout_cases() -> dict:
         "scaled_mm_fp8_act_quant-a": (
             lambda a, w, sa, sw, s: OPS.scaled_mm_fp8_act_quant(a, w, sa, sw, None, s, "gelu", "auto"),
             (_t(fa8), fw8, sa, sw, one)),
+        "scaled_mm_fp8_residual-residual": (
+            lambda a, w, sa, sw, r: OPS.scaled_mm_fp8_residual(a, w, sa, sw, None, r, 1.0, torch.float16, "auto"),
+            (fa8, fw8, sa, sw, _t(res))),
     }
 
 

@@ -321,7 +321,7 @@ _calls = calls
 
 def _before_next_gemm(node):
     """The nodes computed from `node`'s output without passing through another GEMM."""
-    gemms = {OPS.scaled_mm_fp8.default, OPS.scaled_mm_fp8_act_quant.default}
+    gemms = {OPS.scaled_mm_fp8.default, OPS.scaled_mm_fp8_act_quant.default, OPS.scaled_mm_fp8_residual.default}
     seen, todo = set(), [node]
     while todo:
         for u in todo.pop().users:
@@ -333,13 +333,15 @@ def _before_next_gemm(node):
 
 
 def _assert_fused_fp8_ffn(graph, act, n_ffn=1):
-    """fc1 is the fp8 quantizing GEMM with the activation, feeding fc2's scaled_mm_fp8 its e4m3 output directly
-    (its only reader); no amax reads anything fc1 computed before the next GEMM (the only activation
-    quantizations left are the LayerNorms', for Inductor to fuse)."""
+    """fc1 is the fp8 quantizing GEMM with the activation, feeding fc2's scaled_mm_fp8 (or, with the residual add
+    fused, scaled_mm_fp8_residual: the same first arguments) its e4m3 output directly (its only reader); no amax
+    reads anything fc1 computed before the next GEMM (the only activation quantizations left are the LayerNorms',
+    for Inductor to fuse)."""
     aqs = _calls(graph, OPS.scaled_mm_fp8_act_quant)
     assert len(aqs) == n_ffn and all(aq.args[6] == act for aq in aqs)
+    fc2s = _calls(graph, OPS.scaled_mm_fp8) + _calls(graph, OPS.scaled_mm_fp8_residual)
     for aq in aqs:
-        fc2 = [n for n in _calls(graph, OPS.scaled_mm_fp8) if aq in n.all_input_nodes]
+        fc2 = [n for n in fc2s if aq in n.all_input_nodes]
         assert len(fc2) == 1 and fc2[0].args[0] is aq  # fc2 reads fc1's e4m3 output
         assert list(aq.users) == fc2  # ... and nothing else does
         assert fc2[0].args[2] is aq.args[5]  # ... with scale_a = the out_scale fc1 quantized with
@@ -412,8 +414,11 @@ def test_fuse_quantization_true_with_fp8_serves_the_layer_norm_with_its_fp8_sche
         assert torch.equal(a.view(torch.uint8), a2.view(torch.uint8)) and torch.equal(sa, sa2)
         h = oasr_ops.scaled_mm_fp8_act_quant(a.reshape(-1, 64), q.fc1.weight_q, sa, q.fc1.scale_w, q.fc2.input_scale,
                                              "silu", bias=q.fc1.bias.float())
-        y = oasr_ops.scaled_mm_fp8(h, q.fc2.weight_q, q.fc2.input_scale, q.fc2.scale_w, q.fc2.bias, torch.float16)
-        want = x + y.reshape(x.shape)
+        # fc2 + the block's residual add: one oasr.scaled_mm_fp8_residual (fuse_residual follows the fusion)
+        y = oasr_ops.scaled_mm_fp8_residual(h, q.fc2.weight_q, q.fc2.input_scale, q.fc2.scale_w,
+                                            x.reshape(-1, 64), 1.0, q.fc2.bias, torch.float16)
+        want = y.reshape(x.shape)
+    assert len(_calls(graph, OPS.scaled_mm_fp8_residual)) == 1
     assert torch.equal(out, want)
 
 
@@ -421,7 +426,8 @@ def test_without_calibration_fc2_stays_dynamic(fresh_inductor):
     q = oasr_ops.quantize_(Block().half().eval(), "fp8_w8a8")
     x = torch.randn(2, 9, 64, dtype=torch.float16)
     out, graph = _compile(q, x)
-    assert not _calls(graph, OPS.scaled_mm_fp8_act_quant) and len(_calls(graph, OPS.scaled_mm_fp8)) == 2
+    assert not _calls(graph, OPS.scaled_mm_fp8_act_quant) and len(_calls(graph, OPS.scaled_mm_fp8)) == 1
+    assert len(_calls(graph, OPS.scaled_mm_fp8_residual)) == 1  # fc2 + the residual add
     rep = fuse_quant.fuse_log()[-1]
     assert rep.act_quant == 0 and len(rep.unfused) == 1 and "gelu" in rep.unfused[0]
     with torch.no_grad():  # dynamic per token both ways: the same ops, up to Inductor's fp32 LayerNorm
@@ -446,7 +452,8 @@ def test_fusion_off_and_fusable_layers(fresh_inductor):
     assert not _calls(graph, OPS.scaled_mm_fp8_act_quant) and len(_calls(graph, OPS.scaled_mm_fp8)) == 3
     torch.compiler.reset()
     _out, graph = _compile(model, x, quantization="fp8_w8a8")  # the defaults: layers="fusable", fusion on
-    assert len(_calls(graph, OPS.scaled_mm_fp8)) == 1  # fc2; proj stays fp16 (an aten mm)
+    # fc2 (with the block's residual add); proj stays fp16 (an aten mm)
+    assert not _calls(graph, OPS.scaled_mm_fp8) and len(_calls(graph, OPS.scaled_mm_fp8_residual)) == 1
     assert len(_calls(graph, OPS.scaled_mm_fp8_act_quant)) == 1
     with pytest.raises(ValueError, match="layers must be"):
         oasr_ops.Fp8W8A8Config(layers="some")

@@ -17,8 +17,9 @@ row-major M x N, fp32 accumulation.
 
 Kernel "dtype" = the output: ``fp16`` / ``bf16`` (op `scaled_mm_fp8`) or ``fp8`` (op `scaled_mm_fp8_quant`), or
 ``fp8_<act>`` (op `scaled_mm_fp8_act_quant`: GELU / SiLU between the bias and the e4m3 quantization, the fast-math
-activation the int8 sm90 template has, `templates/_act_fast.cuh.j2`; sm90 only: the sm89 2.x lane has no activation
-epilogue and refuses these variants).
+activation the int8 sm90 template has, `templates/_act_fast.cuh.j2`), or ``<fp16|bf16>_res`` (op
+`scaled_mm_fp8_residual`: the residual read as the GEMM's C operand, ``out = residual + alpha * y``, as the int8
+family's residual variant; data-parallel tiles). Both fused kinds are sm90 only: the sm89 2.x lane refuses them.
 """
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ from .emit_int8 import emit_visitor_kernel  # noqa: E402
 from .templates import ABI_VERSION  # noqa: E402
 from .templates import environment as _env  # noqa: E402
 from .variants import FP8_ACT_VARIANTS as ACT_VARIANTS  # noqa: E402
-from .variants import SMM_ABI_VERSION  # noqa: E402
+from .variants import RESIDUAL_VARIANTS, SMM_ABI_VERSION, SMMR_ABI_VERSION  # noqa: E402
 
 OUT_DTYPES = ("fp16", "bf16", "fp8")
-VARIANTS = OUT_DTYPES + ACT_VARIANTS
+VARIANTS = OUT_DTYPES + ACT_VARIANTS + RESIDUAL_VARIANTS
 _D_TYPE = {"fp16": L.DataType.f16, "bf16": L.DataType.bf16, "fp8": L.DataType.e4m3}
 _D_ALIGN = {"fp16": 8, "bf16": 8, "fp8": 16}  # 128-bit stores
 _OPERAND_ALIGN = 16  # e4m3 elements per 128-bit load
@@ -61,7 +62,10 @@ def _check(out_dtype: str) -> None:
         raise ValueError(f"scaled_mm_fp8 kernels output one of {OUT_DTYPES}, not {out_dtype!r}")
 
 
-def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> GemmOperation:
+def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT",
+                   residual: bool = False) -> GemmOperation:
+    """`residual`: C is the residual stream (D's type and layout: column-major N x M for a swap-AB tile, the same
+    bytes as the row-major [M, N] residual), read by the epilogue; else void."""
     _check(out_dtype)
     math = L.MathInstruction([64, cfg.tile[1], 32], L.DataType.e4m3, L.DataType.e4m3, L.DataType.f32,
                              L.OpcodeClass.TensorOp, L.MathOperation.multiply_add)
@@ -76,7 +80,8 @@ def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
         L.GemmKind.Universal3x, 90, tile,
         _tensor(L.DataType.e4m3, L.LayoutType.RowMajor, _OPERAND_ALIGN),
         _tensor(L.DataType.e4m3, L.LayoutType.ColumnMajor, _OPERAND_ALIGN),
-        _tensor(L.DataType.void, d_layout, _D_ALIGN[out_dtype]),  # no C: scales/bias are EVT inputs
+        # no C (scales/bias are EVT inputs), except for the residual variants: C = the residual, like D
+        _tensor(d if residual else L.DataType.void, d_layout, _D_ALIGN[out_dtype]),
         L.DataType.f32,
         epilogue_functor=NamedEpilogue(epilogue_type),
         D=_tensor(d, d_layout, _D_ALIGN[out_dtype]),
@@ -86,9 +91,10 @@ def sm90_operation(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") 
     )
 
 
-def emit_sm90_fp8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT") -> EmittedKernel:
+def emit_sm90_fp8(cfg: Config, out_dtype: str, epilogue_type: str = "OasrEVT",
+                  residual: bool = False) -> EmittedKernel:
     """A CUTLASS 3.x fp8 TMA warp-specialized GEMM whose fusion is the template's EVT `epilogue_type`."""
-    op = sm90_operation(cfg, out_dtype, epilogue_type)
+    op = sm90_operation(cfg, out_dtype, epilogue_type, residual)
     emitter = EmitGemmUniversal3xInstance()
     emitter.epilogue_functor = op.epilogue_functor  # cutlass_library 4.2 reads it from the emitter
     return EmittedKernel(op.procedural_name(), emitter.emit(op), tuple(emitter.includes))
@@ -118,11 +124,15 @@ def promotion_interval(cfg: Config) -> int:
 
 
 def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
-    """The full translation unit of one scaled_mm_fp8 kernel. `variant`: an output dtype, or ``fp8_<act>`` (sm90
-    only; the other variants render byte-identically, the activation is a template branch of its own)."""
+    """The full translation unit of one scaled_mm_fp8 kernel. `variant`: an output dtype, ``fp8_<act>`` (op
+    scaled_mm_fp8_act_quant) or ``<fp16|bf16>_res`` (op scaled_mm_fp8_residual); both sm90 only, each a template
+    branch of its own, so the other variants render byte-identically."""
     if variant not in VARIANTS:
         raise ValueError(f"dtype {variant!r} not supported by {lane.name} (variants {', '.join(VARIANTS)})")
+    residual = variant in RESIDUAL_VARIANTS
     dtype, _, act = variant.partition("_")
+    if residual:
+        act = ""
     if config not in lane.space:
         raise ValueError(f"config {config.id} is not in lane {lane.name}")
     if dtype == "fp8" and config.kernel_schedule == "streamk":
@@ -130,8 +140,13 @@ def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
     if act and config.generation != "3x":
         raise ValueError(f"{lane.name} has no activation epilogue: the {variant} variant (op scaled_mm_fp8_act_quant) "
                          "exists for the sm90 lane only")
+    if residual and config.generation != "3x":
+        raise ValueError(f"{lane.name}: no residual-epilogue variant ({variant}) in the 2.x lane; "
+                         "oasr.scaled_mm_fp8_residual runs its torch composite there")
+    if residual and config.kernel_schedule == "streamk":
+        raise ValueError(f"{config.id}: there is no residual-epilogue Stream-K kernel (data-parallel tiles only)")
     if config.generation == "3x":
-        emitted = emit_sm90_fp8(config, dtype)
+        emitted = emit_sm90_fp8(config, dtype, residual=residual)
     else:
         emitted = emit_visitor_kernel(sm89_operation(config, dtype), "OasrEVT")
     return _env().get_template(lane.template).render(
@@ -141,6 +156,7 @@ def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
         quant=dtype == "fp8",
         act=act,
         act_math=ACT_MATH,
+        residual=residual,
         swap=config.swap_ab,
         fast_accum=config.fast_accum,
         swizzle=config.swizzle,
@@ -154,4 +170,5 @@ def render_scaled_mm_fp8(lane, config: Config, variant: str) -> str:
         operation_name=emitted.operation_name,
         abi_version=ABI_VERSION,
         smm_abi_version=SMM_ABI_VERSION,
+        smmr_abi_version=SMMR_ABI_VERSION,
     )

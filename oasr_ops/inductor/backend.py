@@ -31,9 +31,9 @@ non-default):
   fp8 graphs (``"fp8_w8a8"``, either form) get the same: GEMM + GELU/SiLU -> `oasr.scaled_mm_fp8_act_quant` and,
   with ``True``, LayerNorm -> `oasr.layer_norm_quant(..., scheme="fp8")`.
 * ``options={"fuse_residual": ...}`` (default: on when ``fuse_quantization`` is, off otherwise; measured gains):
-  an int8 GEMM whose output is only added to the residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``) becomes
-  one `oasr.scaled_mm_residual` call, the add in the GEMM's epilogue (`fuse_residual`); applied after the
-  quantization fusion; ``True`` / ``False`` override the default.
+  an int8 or fp8 GEMM whose output is only added to the residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``)
+  becomes one `oasr.scaled_mm_residual` / `oasr.scaled_mm_fp8_residual` call, the add in the GEMM's epilogue
+  (`fuse_residual`); applied after the quantization fusion; ``True`` / ``False`` override the default.
 * ``options={"fuse_siblings": True}`` (opt-in; measured: lower latency, not higher throughput): int8 GEMMs
   that read the same quantized input (an attention block's q / k / v after `oasr.layer_norm_quant`) become one
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
@@ -265,7 +265,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
                        "the others unquantized: quantize_ with filter_fn=oasr_ops.fusable_filter(model, *inputs), "
                        "or options={'quantization': 'int8_w8a8'} on the 16-bit model (layers='fusable', the "
                        "default, in place of layers='all').")
-    # int8 GEMM + residual add -> oasr.scaled_mm_residual. On by default with fuse_quantization (measured on the H200,
+    # int8 / fp8 GEMM + residual add -> oasr.scaled_mm[_fp8]_residual. On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.
     if fuse_residual:

@@ -1,7 +1,9 @@
-"""The backend's residual fusion pass (opt-in, ``options={"fuse_residual": True}``): an int8 GEMM whose output is
-only added to the residual stream becomes one `oasr.scaled_mm_residual` call, on Dynamo's graph (issue 15).
+"""The backend's residual fusion pass (``options={"fuse_residual": ...}``, on with ``fuse_quantization``): an int8
+or fp8 GEMM whose output is only added to the residual stream becomes one `oasr.scaled_mm_residual` /
+`oasr.scaled_mm_fp8_residual` call, on Dynamo's graph (issue 15).
 
-Matched (both operand orders of the add; views between the GEMM and the multiply looked through)::
+Matched (both operand orders of the add; views between the GEMM and the multiply looked through; `scaled_mm`
+stands for either family's GEMM, the replacement for its residual op)::
 
     add(r, mul(alpha, scaled_mm(a, w, sa, sw, bias, dt, cfg)))     alpha a Python number (0.5: a macaron FFN)
     add(r, mul(scaled_mm(...), alpha))
@@ -10,11 +12,11 @@ Matched (both operand orders of the add; views between the GEMM and the multiply
 
 only when: the GEMM's output (through its views) and the multiply have no other user (else the fp16 product is
 needed anyway and nothing is saved); r is a tensor of exactly the add's shape and the GEMM's output dtype (no
-broadcast, no type promotion: an fp32 model's residual stream is not fused); a is 2-D (both int8 paths reshape
-the activations to [M, K]). Why it can pay: the kernel after the add (Inductor's LayerNorm + quantize of the next
-block, which fuses the add today) then reads one [M, N] tensor instead of two, and the fp16 GEMM output is never
-written separately; the epilogue reads the residual instead (TMA, overlapped with the next tile's mainloop on
-the persistent kernels). Measured or not: docs/perf/e2e.md ("Residual adds"); opt-in until it pays.
+broadcast, no type promotion: an fp32 model's residual stream is not fused); a is 2-D (the quantized paths of
+both families reshape the activations to [M, K]). Why it can pay: the kernel after the add (Inductor's LayerNorm +
+quantize of the next block, which fuses the add today) then reads one [M, N] tensor instead of two, and the fp16
+GEMM output is never written separately; the epilogue reads the residual instead (TMA, overlapped with the next tile's mainloop on
+the persistent kernels). Measured: docs/perf/e2e.md ("Residual adds" for int8, "Session 35" for fp8).
 
 Why on Dynamo's graph: the same as `fuse_quant` (our ops and the reshapes are single nodes there, and the result is
 what AOTAutograd traces, so Inductor's cache key covers it).
@@ -27,12 +29,16 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..families.quant_patterns import (_QUANT, _QUANT_CAL, _SCALED_MM, eliminate_dead_code, restore_rows,
-                                       through_views)
+from ..families.quant_patterns import (_QUANT, _QUANT_CAL, _QUANT_FP8, _QUANT_FP8_CAL, _SCALED_MM, _SCALED_MM_FP8,
+                                       eliminate_dead_code, restore_rows, through_views)
 from .pass_log import PassLog
 
 _ADDS = {operator.add, torch.add}
 _MULS = {operator.mul, torch.mul}
+# the GEMM -> its residual op (same arguments, then residual and alpha before out_dtype and config)
+_RESIDUAL_OP = {**{t: torch.ops.oasr.scaled_mm_residual.default for t in _SCALED_MM},
+                **{t: torch.ops.oasr.scaled_mm_fp8_residual.default for t in _SCALED_MM_FP8}}
+_QUANTIZERS = _QUANT | _QUANT_CAL | _QUANT_FP8 | _QUANT_FP8_CAL
 
 
 @dataclass
@@ -78,7 +84,7 @@ def _scaled_side(n) -> tuple[torch.fx.Node, float, torch.fx.Node | None] | None:
         elif _number(y) and isinstance(x, torch.fx.Node):
             mul, alpha, inner = n, float(y), x
     gemm = through_views(inner)
-    if isinstance(gemm, torch.fx.Node) and gemm.op == "call_function" and gemm.target in _SCALED_MM:
+    if isinstance(gemm, torch.fx.Node) and gemm.op == "call_function" and gemm.target in _RESIDUAL_OP:
         return gemm, alpha, mul
     return None
 
@@ -114,7 +120,7 @@ def _rows_2d(a) -> bool:
         return len(a.args) == 3  # reshape(x, rows, K)
     if a.op == "call_function" and a.target is operator.getitem and a.args[1] == 0:
         q = a.args[0]
-        return isinstance(q, torch.fx.Node) and q.target in _QUANT | _QUANT_CAL and _rows_2d(q.args[0])
+        return isinstance(q, torch.fx.Node) and q.target in _QUANTIZERS and _rows_2d(q.args[0])
     return False
 
 
@@ -183,8 +189,7 @@ def fuse_residual_adds(gm: torch.fx.GraphModule) -> ResidualReport:
         n = int(_val(add).shape[-1])
         with g.inserting_before(add):
             r2 = g.call_method("reshape", (g.call_method("contiguous", (r,)), -1, n))
-            out = g.call_function(torch.ops.oasr.scaled_mm_residual.default,
-                                  (a, w, sa, sw, bias, r2, alpha, out_dtype, config))
+            out = g.call_function(_RESIDUAL_OP[gemm.target], (a, w, sa, sw, bias, r2, alpha, out_dtype, config))
             res = g.call_function(restore_rows, (out, r))
         res.meta.update(add.meta)
         add.replace_all_uses_with(res)

@@ -50,29 +50,41 @@ def fp32(alpha: float) -> float:
     return struct.unpack("f", struct.pack("f", alpha))[0]
 
 
-def reference_scaled_mm_residual(a, w, scale_a, scale_w, bias, residual, alpha: float, out_dtype) -> torch.Tensor:
-    """``round(float(residual) + fp32(alpha) * y)`` to out_dtype, y the scaled_mm fp32 value (module docstring)."""
-    n, k = w.shape
-    y = ops._epilogue_fp32(ops.int_acc(a.reshape(-1, k), w), scale_a, scale_w, bias)
+def add_residual(y: torch.Tensor, residual, alpha: float, out_dtype, lead) -> torch.Tensor:
+    """``round(float(residual) + fp32(alpha) * y)`` to out_dtype, y the GEMM's fp32 epilogue value [M, N], reshaped
+    to ``[*lead, N]`` (both quantized families' residual ops end this way: fp8's in families/scaled_mm_fp8)."""
+    n = y.shape[-1]
     # an fp32 tensor times an fp32-representable Python float: the product of two fp32 values, rounded once to fp32
     out = residual.reshape(-1, n).float() + y * fp32(alpha)
-    return out.to(out_dtype).reshape(*a.shape[:-1], n)
+    return out.to(out_dtype).reshape(*lead, n)
+
+
+def reference_scaled_mm_residual(a, w, scale_a, scale_w, bias, residual, alpha: float, out_dtype) -> torch.Tensor:
+    """``round(float(residual) + fp32(alpha) * y)`` to out_dtype, y the scaled_mm fp32 value (module docstring)."""
+    k = w.shape[1]
+    y = ops._epilogue_fp32(ops.int_acc(a.reshape(-1, k), w), scale_a, scale_w, bias)
+    return add_residual(y, residual, alpha, out_dtype, a.shape[:-1])
+
+
+def check_residual(op: str, a, w, residual, alpha, out_dtype) -> None:
+    """ValueError naming the problem with a residual op's `residual` and `alpha` (after its GEMM's own checks)."""
+    if not isinstance(residual, torch.Tensor):
+        raise ValueError(f"oasr.{op}: residual must be a tensor")
+    out_shape = (*a.shape[:-1], w.shape[0])
+    if residual.dtype != out_dtype:
+        raise ValueError(f"oasr.{op}: residual must have the output dtype {out_dtype}, got {residual.dtype}")
+    if tuple(residual.shape) != out_shape:
+        raise ValueError(f"oasr.{op}: residual must have the output's shape {out_shape} (no broadcast), got "
+                         f"{tuple(residual.shape)}")
+    if residual.device != a.device:
+        raise ValueError(f"oasr.{op}: residual is on {residual.device}, a on {a.device}")
+    if not alpha_ok(alpha):
+        raise ValueError(f"oasr.{op}: alpha must be a finite float within fp32's range, got {alpha!r}")
 
 
 def _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config) -> None:
     checks._check(OP, a, w, scale_a, scale_w, bias, out_dtype=out_dtype)
-    if not isinstance(residual, torch.Tensor):
-        raise ValueError(f"oasr.{OP}: residual must be a tensor")
-    out_shape = (*a.shape[:-1], w.shape[0])
-    if residual.dtype != out_dtype:
-        raise ValueError(f"oasr.{OP}: residual must have the output dtype {out_dtype}, got {residual.dtype}")
-    if tuple(residual.shape) != out_shape:
-        raise ValueError(f"oasr.{OP}: residual must have the output's shape {out_shape} (no broadcast), got "
-                         f"{tuple(residual.shape)}")
-    if residual.device != a.device:
-        raise ValueError(f"oasr.{OP}: residual is on {residual.device}, a on {a.device}")
-    if not _alpha_ok(alpha):
-        raise ValueError(f"oasr.{OP}: alpha must be a finite float within fp32's range, got {alpha!r}")
+    check_residual(OP, a, w, residual, alpha, out_dtype)
     ops.check_config_arg(config, OP)
 
 
@@ -104,7 +116,7 @@ def select_residual_config(n: int, k: int, m: int, arch: str | None = None) -> _
                              sel.signature)
 
 
-def _residual_args(extra) -> tuple:
+def residual_args(extra) -> tuple:
     residual, alpha = extra
     return residual.data_ptr(), fp32(alpha), residual.data_ptr() % 16 == 0  # C is read by TMA: 16-byte aligned
 
@@ -132,13 +144,13 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
             cfg = parse(ops.heuristic_config(m, n, k, arch))
         return ops._kernel_run(OP, cfg, out_dtype, m, n, k, arch, sig,
                                variant=f"{checks.OUT_DTYPES[out_dtype]}_res", fallback=torch_run("torch"),
-                               extra_args=_residual_args)
+                               extra_args=residual_args)
     return make_plan(ops.FAMILY, config, m, n, k, arch, sig,
                      select=lambda: select_residual_config(n, k, m, arch),
                      torch_run=torch_run, kernel_run=kernel_run)
 
 
-def _alpha_ok(alpha) -> bool:
+def alpha_ok(alpha) -> bool:
     """A finite Python number within fp32's range (the epilogue multiplies in fp32), not a bool."""
     return (not isinstance(alpha, bool) and isinstance(alpha, (int, float)) and math.isfinite(alpha)
             and abs(alpha) <= _FP32_MAX)
@@ -148,7 +160,7 @@ def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n
     """With a plan made for the call key, what the key does not fix (`checks.fast_ok`, plus the residual and alpha)."""
     return (checks.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
             and residual.device == a.device and residual.is_contiguous() and residual.dim() == a.dim()
-            and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1] and _alpha_ok(alpha))
+            and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1] and alpha_ok(alpha))
 
 
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):

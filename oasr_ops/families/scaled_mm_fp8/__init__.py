@@ -18,6 +18,7 @@ from ...runtime import production, registry
 from . import candidates, heuristic, prebuild
 from . import ops  # noqa: F401  (registers the ops)
 from . import act_quant  # noqa: F401  (registers oasr::scaled_mm_fp8_act_quant: fc1 -> activation -> e4m3)
+from . import residual  # noqa: F401  (registers oasr::scaled_mm_fp8_residual: residual + alpha * GEMM)
 from .lanes import LANES
 from . import qconfig, quantize, rewrite  # noqa: F401  (qconfig registers "fp8_w8a8")
 

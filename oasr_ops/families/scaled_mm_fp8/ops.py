@@ -205,20 +205,26 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
+def _extra_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
+    return None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1), True
+
+
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str, lane=None,
-                variant: str | None = None, fallback=None):
+                variant: str | None = None, fallback=None, extra_args=_extra_args):
     """fn(a, w, sa, sw, bias, extra) running `cfg`'s kernel for this shape, or None (warned) where it cannot.
     `lane`: the lane to build from (default: the registered lane holding `cfg`; the probe benchmark passes
     `lanes.sm90_with_candidates()` to time configs that are not served yet). `variant` / `fallback` override the
     op's kernel variant and its torch run (the activation-quantizing op, act_quant.py, runs the quantizing
-    launcher with its ``fp8_<act>`` variant)."""
+    launcher with its ``fp8_<act>`` variant); `extra_args`, the launcher's arguments after bias (residual.py: the
+    residual's pointer and alpha, for the ``<dtype>_res`` variant's ``oasr_smmr_run``)."""
     if lane is None:
         try:
             lane = lane_of(cfg, arch, FAMILY)
         except ConfigError as e:
             raise ValueError(f"oasr.{op}: config {cfg.id} cannot run on {arch}: {e}") from None
-    if op == "scaled_mm_fp8_quant" and cfg.kernel_schedule == "streamk":
-        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no quantizing Stream-K kernel")
+    no_streamk = {"scaled_mm_fp8_quant": "quantizing", "scaled_mm_fp8_residual": "residual-epilogue"}.get(op)
+    if no_streamk and cfg.kernel_schedule == "streamk":
+        raise ValueError(f"oasr.{op}: {cfg.id} is a Stream-K tile; there is no {no_streamk} Stream-K kernel")
     reason = lane.infeasible_reason(cfg, m=m, n=n, k=k, arch_family=arch)
     if reason:
         _warn_once(f"oasr.{op}: {cfg.id} cannot serve {sig} M={m} ({reason}); using torch for it")
@@ -243,16 +249,16 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     def run_kernel(a, w, sa, sw, bias, extra):
         if two_x and sw.numel() == 1 and n > 1:
             sw = sw.expand(n).contiguous()
+        x_ptr, x_arg, x_ok = extra_args(extra)
         if (a.data_ptr() % 16 or w.data_ptr() % 16 or sw.data_ptr() % vec_align
-                or (bias is not None and bias.data_ptr() % vec_align)):
+                or (bias is not None and bias.data_ptr() % vec_align) or not x_ok):
             _warn_once(f"oasr.{op}: an operand of {sig} is not aligned for {cfg.id}; using torch for such calls")
             return fallback(a, w, sa, sw, bias, extra)
         out = torch.empty((*a.shape[:-1], n), dtype=out_elt, device=a.device)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
         rc = run_c(a.data_ptr(), w.data_ptr(), sa.data_ptr(), int(sa.numel() != 1 or m == 1),
                    sw.data_ptr(), int(sw.numel() != 1 or n == 1),
-                   None if bias is None else bias.data_ptr(),
-                   None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1),
+                   None if bias is None else bias.data_ptr(), x_ptr, x_arg,
                    out.data_ptr(), m, n, k, None if ws is None else ws.data_ptr(), ws_bytes,
                    torch._C._cuda_getCurrentRawStream(a.get_device()))
         if rc != 0:

@@ -25,7 +25,8 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 OUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 K_ALIGN = 16
-N_ALIGN = 16  # 128-bit output rows and torch._scaled_mm's own N % 16 rule, for both ops
+N_ALIGN = 16  # 128-bit output rows and torch._scaled_mm's own N % 16 rule, for every op
+FP16_OUT_OPS = ("scaled_mm_fp8", "scaled_mm_fp8_residual")  # the others write e4m3 with an out_scale
 
 
 def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None) -> None:
@@ -42,10 +43,9 @@ def check(op: str, a, w, scale_a, scale_w, bias, out_dtype=None, out_scale=None)
     m = rows(a, k)
     _check_vec("scale_a", scale_a, m, "M", a, op)
     _check_vec("scale_w", scale_w, n, "N", a, op)
-    if op == "scaled_mm_fp8":
+    if op in FP16_OUT_OPS:
         if out_dtype not in OUT_DTYPES:
-            raise ValueError(f"oasr.scaled_mm_fp8: out_dtype must be torch.float16 or torch.bfloat16, got "
-                             f"{out_dtype}")
+            raise ValueError(f"oasr.{op}: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
         bias_dtype = out_dtype
     else:
         _check_vec("out_scale", out_scale, m, "M", a, op)

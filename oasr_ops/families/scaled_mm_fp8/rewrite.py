@@ -7,13 +7,15 @@ import torch
 
 from ..graph import RewriteContext, static_int
 from ..scaled_mm.rewrite import rewrite_quantized_sites
-from . import act_quant, ops
+from . import act_quant, ops, residual
 
 FAMILY = "scaled_mm_fp8"
 _CONFIG_ARG = 6  # scaled_mm_fp8(a, w, scale_a, scale_w, bias, out_dtype|out_scale, config)
 _OUT_DTYPE_ARG = 5
 # scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, bias, out_scale, activation, config): the quantizing op's tiles
 _CONFIG_ARG_ACT = 7
+# scaled_mm_fp8_residual(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config): scaled_mm_fp8's tiles
+_CONFIG_ARG_RES = 8
 
 
 def _fp16_auto_sites(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -43,13 +45,16 @@ def _tile_where_torch_was_baked(ctx: RewriteContext, nodes: list[torch.fx.Node])
 
 
 def rewrite(ctx: RewriteContext) -> None:
-    """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm_fp8[_quant] and
-    oasr.scaled_mm_fp8_act_quant site (the latter under the quantizing op's signature)."""
+    """The `rewrite` handler: bake (or, for the census, only record) every oasr.scaled_mm_fp8[_quant],
+    oasr.scaled_mm_fp8_act_quant (under the quantizing op's signature) and oasr.scaled_mm_fp8_residual site (under
+    the plain op's)."""
     fp16_auto = _fp16_auto_sites(ctx.graph) if ctx.bake else []
     rewrite_quantized_sites(ctx, FAMILY, {
         torch.ops.oasr.scaled_mm_fp8.default: ("scaled_mm_fp8", ops.select_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_fp8_quant.default: ("scaled_mm_fp8_quant", ops.select_quant_config, _CONFIG_ARG),
         torch.ops.oasr.scaled_mm_fp8_act_quant.default: ("scaled_mm_fp8_quant", act_quant.select_act_quant_config,
                                                          _CONFIG_ARG_ACT),
+        torch.ops.oasr.scaled_mm_fp8_residual.default: ("scaled_mm_fp8", residual.select_residual_config,
+                                                        _CONFIG_ARG_RES),
     }, "fp8", ops.signature)
     _tile_where_torch_was_baked(ctx, fp16_auto)
