@@ -30,11 +30,11 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     assert {s.dtype for s in lnq["int8"]} == {"fp16_int8"} and {s.dtype for s in lnq["fp8"]} == {"fp16_fp8"}
     smm, fp8 = [s for s in smm if s.lane is not None], [s for s in fp8 if s.lane is not None]
     assert {s.lane.name for s in smm} == {"sm90_int8_wgmma"}
-    # and the fused epilogues of every data-parallel tile: act-quant (int8 / e4m3 out) and residual (int8 only)
+    # and the fused epilogues of every data-parallel tile: act-quant (int8 / e4m3 out) and residual (both)
     dp = {s.config for s in smm if s.dtype == "int8"}
     assert {s.config for s in smm if s.dtype in ("int8_gelu", "int8_silu", "fp16_res")} == dp
-    assert {s.config for s in fp8 if s.dtype in ("fp8_gelu", "fp8_silu")} == {s.config for s in fp8
-                                                                             if s.dtype == "fp8"}
+    dp8 = {s.config for s in fp8 if s.dtype == "fp8"}
+    assert {s.config for s in fp8 if s.dtype in ("fp8_gelu", "fp8_silu", "fp16_res")} == dp8
     assert {s.lane.name for s in bmm} == {"sm90_f16_wgmma_bmm"}
     # no DB: the bmm lane's default and coverage basis, each in both B layouts
     assert {(s.config, s.dtype) for s in bmm} == {(c, f"fp16_b{mj}") for c in (bmm_lane.default,
@@ -43,7 +43,7 @@ def test_plan_covers_every_family(monkeypatch, tmp_path):
     assert {s.lane.name for s in conv} == {"sm80_f16_dwconv"}
     assert {s.lane.name for s in fp8} == {"sm90_fp8_wgmma"}
     # no DB: the lane default, coverage basis and every heuristic tile; fp16 and, data-parallel, fp8 output
-    assert {s.dtype for s in fp8} == {"fp16", "fp8", "fp8_gelu", "fp8_silu"}
+    assert {s.dtype for s in fp8} == {"fp16", "fp8", "fp8_gelu", "fp8_silu", "fp16_res"}
     assert all(s.config.kernel_schedule != "streamk" for s in fp8 if s.dtype == "fp8")
     # no DB: the conv2d lane's default (direct conv) and coverage basis (a CUTLASS implicit GEMM), and the int8
     # frontend's kernels: the direct default's int8-output variant and the int8 conv lane's default tile
