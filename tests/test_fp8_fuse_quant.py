@@ -313,9 +313,6 @@ def test_plain_model_calibration_serves_both_schemes():
 
 def _compile(model, x, **options):
     options.setdefault("fuse_quantization", "act")
-    # fc2 + the block's residual add as one oasr.scaled_mm_fp8_residual, asked for (fp8's residual fusion is not in
-    # the backend's default yet: inductor/fuse_residual.py FP8_BY_DEFAULT; tests/test_scaled_mm_fp8_residual.py)
-    options.setdefault("fuse_residual", bool(options["fuse_quantization"]))
     return compile_captured(model, x, **options)
 
 
@@ -454,7 +451,7 @@ def test_fusion_off_and_fusable_layers(fresh_inductor):
     _out, graph = _compile(model, x, quantization=oasr_ops.Fp8W8A8Config(layers="all"), fuse_quantization=False)
     assert not _calls(graph, OPS.scaled_mm_fp8_act_quant) and len(_calls(graph, OPS.scaled_mm_fp8)) == 3
     torch.compiler.reset()
-    _out, graph = _compile(model, x, quantization="fp8_w8a8")  # layers="fusable" (the default), fusion on
+    _out, graph = _compile(model, x, quantization="fp8_w8a8")  # the defaults: layers="fusable", fusion on
     # fc2 (with the block's residual add); proj stays fp16 (an aten mm)
     assert not _calls(graph, OPS.scaled_mm_fp8) and len(_calls(graph, OPS.scaled_mm_fp8_residual)) == 1
     assert len(_calls(graph, OPS.scaled_mm_fp8_act_quant)) == 1

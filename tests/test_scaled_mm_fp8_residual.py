@@ -224,14 +224,13 @@ def test_residual_variant_refused_where_it_does_not_exist(variant):
 
 @pytest.mark.usefixtures("fresh_inductor")
 def test_fp8_conformer_ffn_residuals_fuse_and_match_the_ops():
-    """quantize_ fp8 on the fusable layers + calibrate, compiled with fuse_residual=True: both macaron FFN fc2s of
-    each block become oasr.scaled_mm_fp8_residual (alpha 0.5) reading their fc1's e4m3 act-quant output, and the
+    """quantize_ fp8 on the fusable layers + calibrate, compiled with the backend's defaults: both macaron FFN fc2s
+    of each block become oasr.scaled_mm_fp8_residual (alpha 0.5) reading their fc1's e4m3 act-quant output, and the
     result stays as close to the fp32 model as the graph compiled with the residual fusion off (one fp16 rounding
-    fewer per fused add, which can flip an e4m3 step of the next layer's quantization: not bitwise). With the
-    backend's defaults the fp8 adds are fused only if `FP8_BY_DEFAULT` says so, and otherwise reported."""
+    fewer per fused add, which can flip an e4m3 step of the next layer's quantization: not bitwise)."""
     from examples.conformer import build_model, example_inputs
     from oasr_ops.inductor.backend import oasr_backend
-    from oasr_ops.inductor.fuse_residual import FP8_BY_DEFAULT, RESIDUAL_LOG
+    from oasr_ops.inductor.fuse_residual import RESIDUAL_LOG
 
     from _fx_capture import Capture, calls
 
@@ -246,18 +245,8 @@ def test_fp8_conformer_ffn_residuals_fuse_and_match_the_ops():
         r32 = f32(x.float())
         ref = torch.compile(copy.deepcopy(q), backend=oasr_backend, options={"fuse_residual": False})(x)
         torch.compiler.reset()
-        mark = RESIDUAL_LOG.mark()
-        torch.compile(copy.deepcopy(q), backend=oasr_backend)(x)  # the defaults
-        default, = RESIDUAL_LOG.since(mark)
-        torch.compiler.reset()
         cap, mark = Capture(), RESIDUAL_LOG.mark()
-        out = torch.compile(q, backend=oasr_backend, options={"fuse_residual": True,
-                                                              "post_grad_custom_pre_pass": cap})(x)
-    if FP8_BY_DEFAULT:
-        assert (default.fused, default.unfused) == (2, [])
-    else:
-        assert default.fused == 0 and len(default.unfused) == 2
-        assert all("fp8 GEMM: fused only with fuse_residual=True" in u for u in default.unfused)
+        out = torch.compile(q, backend=oasr_backend, options={"post_grad_custom_pre_pass": cap})(x)
     rep, = RESIDUAL_LOG.since(mark)
     assert (rep.fused, rep.alphas, rep.unfused) == (2, [0.5, 0.5], [])
     res = calls(cap.graphs[-1], torch.ops.oasr.scaled_mm_fp8_residual)

@@ -9,7 +9,7 @@ data-parallel sm90 fp8 tile (plain, FastAccum, swap-AB) over odd M, partial N / 
   accumulator, rounded once more to the output), so a C operand read wrong (a transposed or shifted residual,
   the swap-AB tiles' column-major C) fails while the fp32 accumulation order of the tile does not;
 * an unaligned residual is served by torch (warned), a Stream-K request by a data-parallel tile, CUDA-graph capture
-  replays the same bits, and an fp8 FFN block compiled with ``fuse_residual=True`` runs the residual kernel.
+  replays the same bits, and an fp8 FFN block compiled with the backend's defaults runs the residual kernel.
 
 Run: ``pytest -m gpu tests/test_scaled_mm_fp8_residual_gpu.py`` (kernels built first, in parallel).
 """
@@ -180,7 +180,7 @@ def test_fused_block_compiled_with_cuda_graphs():
     from oasr_ops.inductor.fuse_residual import RESIDUAL_LOG
 
     mark = RESIDUAL_LOG.mark()
-    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead", "fuse_residual": True})
+    fn = torch.compile(q, backend=oasr_backend, options={"mode": "reduce-overhead"})  # the defaults fuse it
     with torch.no_grad():
         for _ in range(3):
             out = fn(x.half())

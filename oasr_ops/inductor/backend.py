@@ -33,8 +33,7 @@ non-default):
 * ``options={"fuse_residual": ...}`` (default: on when ``fuse_quantization`` is, off otherwise; measured gains):
   an int8 or fp8 GEMM whose output is only added to the residual stream (``x + 0.5 * fc2(h)``, ``x + proj(h)``)
   becomes one `oasr.scaled_mm_residual` / `oasr.scaled_mm_fp8_residual` call, the add in the GEMM's epilogue
-  (`fuse_residual`); applied after the quantization fusion; ``True`` / ``False`` override the default. fp8 GEMMs
-  only with ``True`` asked for, until their kernels are GPU-verified and measured (`fuse_residual.FP8_BY_DEFAULT`).
+  (`fuse_residual`); applied after the quantization fusion; ``True`` / ``False`` override the default.
 * ``options={"fuse_siblings": True}`` (opt-in; measured: lower latency, not higher throughput): int8 GEMMs
   that read the same quantized input (an attention block's q / k / v after `oasr.layer_norm_quant`) become one
   `oasr.scaled_mm` on their concatenated weights, each consumer reading a column slice (`fuse_siblings`); applied
@@ -214,13 +213,11 @@ def _check_options(options: dict[str, Any], mode: Any) -> None:
         raise ValueError(f'backend="oasr": unknown mode {mode!r}; one of {modes}')
 
 
-def _switches(opts: dict[str, Any]) -> tuple[Any, bool, bool, bool, bool, bool]:
+def _switches(opts: dict[str, Any]) -> tuple[Any, bool, bool, bool, bool]:
     """Pop and check the backend's on/off options before any pass runs (a bad value is refused up front, not after
     the quantization and fusion passes): fuse_quantization (default True), fuse_residual (default: follows it),
-    fuse_siblings (False), cpp_hot_path (True), eager_regions (True); last, whether fp8 GEMMs' residual adds are
-    fused (fuse_residual=True asked for, or `fuse_residual.FP8_BY_DEFAULT`)."""
+    fuse_siblings (False), cpp_hot_path (True), eager_regions (True)."""
     fuse = opts.pop("fuse_quantization", True)
-    residual_asked = opts.get("fuse_residual") is True
     if fuse not in (False, None, True, "act"):
         raise ValueError(f"options['fuse_quantization'] must be True (LayerNorms and GEMM+activation), 'act' (only "
                          f"GEMM+activation; LayerNorm quantization left to Inductor) or False, got {fuse!r}")
@@ -230,7 +227,7 @@ def _switches(opts: dict[str, Any]) -> tuple[Any, bool, bool, bool, bool, bool]:
     for name, value in values.items():
         if not isinstance(value, bool):  # a string such as "no" would otherwise read as True
             raise ValueError(f"options['{name}'] must be True or False, got {value!r}")
-    return fuse, *values.values(), residual_asked
+    return fuse, *values.values()
 
 
 def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
@@ -244,7 +241,7 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
     opts.update(kwargs)
     mode = opts.pop("mode", None) or mode
     _check_options(opts, mode)
-    fuse, fuse_residual, fuse_siblings, cpp_hot_path, eager_regions, residual_fp8_asked = _switches(opts)
+    fuse, fuse_residual, fuse_siblings, cpp_hot_path, eager_regions = _switches(opts)
     quantization = opts.pop("quantization", None)
     guard = None
     if quantization:
@@ -268,13 +265,14 @@ def oasr_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str 
                        "the others unquantized: quantize_ with filter_fn=oasr_ops.fusable_filter(model, *inputs), "
                        "or options={'quantization': 'int8_w8a8'} on the 16-bit model (layers='fusable', the "
                        "default, in place of layers='all').")
-    # int8 / fp8 GEMM + residual add -> oasr.scaled_mm[_fp8]_residual. On by default with fuse_quantization (measured on the H200,
+    # int8 / fp8 GEMM + residual add -> oasr.scaled_mm[_fp8]_residual (fp8 measured in session 35 on an H100: Whisper
+    # small 6.41 -> 5.93 ms with True, Conformer M 3.42 -> 3.38 ms with "act"). On by default with fuse_quantization (measured on the H200,
     # docs/perf/e2e.md "Residual adds": Whisper small 6.06 -> 5.70 ms, Conformer M 3.84 -> 3.78 ms with "act", no
     # loss anywhere); off without it (graphs not measured with it). fuse_residual=True/False overrides.
     if fuse_residual:
-        from .fuse_residual import FP8_BY_DEFAULT, fuse_residual_adds
+        from .fuse_residual import fuse_residual_adds
 
-        fuse_residual_adds(gm, fp8=residual_fp8_asked or FP8_BY_DEFAULT)
+        fuse_residual_adds(gm)
     # int8 GEMMs sharing their quantized input (q/k/v) -> one GEMM of the summed N. Opt-in: measured on the H200
     # (docs/perf/e2e.md, session 7), Whisper-style small synchronous calls 2.7-3.2 % faster in three runs but calls
     # back to back 0.3-1.2 % slower (the weight cats run per call: fuse_siblings.py). After fuse_residual: a GEMM

@@ -16,8 +16,7 @@ broadcast, no type promotion: an fp32 model's residual stream is not fused); a i
 both families reshape the activations to [M, K]). Why it can pay: the kernel after the add (Inductor's LayerNorm +
 quantize of the next block, which fuses the add today) then reads one [M, N] tensor instead of two, and the fp16
 GEMM output is never written separately; the epilogue reads the residual instead (TMA, overlapped with the next tile's mainloop on
-the persistent kernels). Measured for int8: docs/perf/e2e.md ("Residual adds"); fp8 is opt-in until measured
-(`FP8_BY_DEFAULT` below).
+the persistent kernels). Measured: docs/perf/e2e.md ("Residual adds" for int8, "Session 35" for fp8).
 
 Why on Dynamo's graph: the same as `fuse_quant` (our ops and the reshapes are single nodes there, and the result is
 what AOTAutograd traces, so Inductor's cache key covers it).
@@ -40,11 +39,6 @@ _MULS = {operator.mul, torch.mul}
 _RESIDUAL_OP = {**{t: torch.ops.oasr.scaled_mm_residual.default for t in _SCALED_MM},
                 **{t: torch.ops.oasr.scaled_mm_fp8_residual.default for t in _SCALED_MM_FP8}}
 _QUANTIZERS = _QUANT | _QUANT_CAL | _QUANT_FP8 | _QUANT_FP8_CAL
-# Whether the backend's default (fuse_residual following fuse_quantization) fuses fp8 GEMMs too, or only when
-# fuse_residual=True is asked for. Off until the fp8 residual kernels have run on the GPU and paid end to end:
-# session 35 compiled every data-parallel tile's variant (nvcc, sm_90a) but got no GPU to run
-# tests/test_scaled_mm_fp8_residual_gpu.py or the e2e-fp8-res step on.
-FP8_BY_DEFAULT = False
 
 
 @dataclass
@@ -167,9 +161,8 @@ def _why_not(add, gemm, alpha, mul, r) -> str | None:
     return None
 
 
-def fuse_residual_adds(gm: torch.fx.GraphModule, fp8: bool = True) -> ResidualReport:
-    """Rewrite every matching add of `gm` in place (module docstring); returns what was fused and what not.
-    `fp8=False` leaves fp8 GEMMs' adds as they are (reported: the backend's default, `FP8_BY_DEFAULT`)."""
+def fuse_residual_adds(gm: torch.fx.GraphModule) -> ResidualReport:
+    """Rewrite every matching add of `gm` in place (module docstring); returns what was fused and what not."""
     rep = ResidualReport()
     RESIDUAL_LOG.append(rep)
     g = gm.graph
@@ -182,8 +175,7 @@ def fuse_residual_adds(gm: torch.fx.GraphModule, fp8: bool = True) -> ResidualRe
             if found is None:
                 continue
             gemm, alpha, mul = found
-            why = ("an fp8 GEMM: fused only with fuse_residual=True (inductor/fuse_residual.py FP8_BY_DEFAULT)"
-                   if not fp8 and gemm.target in _SCALED_MM_FP8 else _why_not(add, gemm, alpha, mul, other))
+            why = _why_not(add, gemm, alpha, mul, other)
             if why is None:
                 match = (gemm, alpha, other)
                 break

@@ -98,6 +98,10 @@ _PLANS = PlanCache()
 def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
     arch = ops._current_arch(None) or "sm90"
     sig = ops.signature(DB_OP, n, k)
+    concrete = config != "auto" and config not in SENTINELS and ":" not in config  # not a region table either
+    if concrete and parse(config).kernel_schedule == "streamk":
+        tile = heuristic_config(m, n, k, arch)  # a Stream-K id asked for: the plan names the tile that runs
+        config = config if tile in SENTINELS else tile
 
     def torch_run(_sentinel):
         def run(a, w, sa, sw, bias, extra):
