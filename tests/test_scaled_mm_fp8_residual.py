@@ -24,6 +24,7 @@ from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as SM90
 from oasr_ops.families.scaled_mm_fp8.reference import FP8
 
 from test_scaled_mm_fp8 import _FP8_OPCHECK, _no_mutation_no_alias
+from test_scaled_mm_residual import _float64  # the formula in float64: the same for e4m3 operands
 
 OP = torch.ops.oasr.scaled_mm_fp8_residual.default
 ODD_M = (1, 7, 17, 127, 1000)
@@ -40,15 +41,6 @@ def _inputs(m, n, k, dtype=torch.float16, *, bias=True, per_token=True, seed=0, 
     if lead is not None:
         a, r = a.reshape(*lead, k), r.reshape(*lead, n)
     return a, w, sa, sw, b, r
-
-
-def _float64(a, w, sa, sw, b, r, alpha):
-    k = w.shape[1]
-    acc = a.reshape(-1, k).double() @ w.double().t()
-    y = sa.double().reshape(-1, 1) * sw.double().reshape(1, -1) * acc
-    if b is not None:
-        y = y + b.double()
-    return r.reshape(-1, w.shape[0]).double() + alpha * y
 
 
 def _numpy_fp32(a, w, sa, sw, b, r, alpha, dtype):

@@ -19,7 +19,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +31,7 @@ from oasr_ops.families.scaled_mm_fp8.reference import FP8, quantize_weight_fp8  
 from oasr_ops.families.scaled_mm_fp8.residual import reset_plans, select_residual_config, served  # noqa: E402
 from oasr_ops.runtime.arch import current_arch_family  # noqa: E402
 from oasr_ops.runtime.registry import get_lane  # noqa: E402
+from test_scaled_mm_residual_gpu import _Block, _poison  # noqa: E402  (the int8 op's poison and FFN block)
 
 DEV = torch.device("cuda")
 ARCH = current_arch_family()
@@ -50,13 +50,6 @@ def _built():
     rep = build_many(specs, jobs=16, progress=False)
     print(rep.summary(), flush=True)
     assert not rep.failed, rep.summary()
-
-
-def _poison():
-    """Fill and free blocks so the next allocations reuse memory holding 0xFF bytes (fp16/bf16 NaN)."""
-    small = [torch.full((1 << 19,), 0xFF, dtype=torch.uint8, device=DEV) for _ in range(64)]
-    large = torch.full((64 << 20,), 0xFF, dtype=torch.uint8, device=DEV)
-    del small, large
 
 
 def _inputs(m, n, k, dtype, seed, per_token=True, bias=True):
@@ -155,15 +148,6 @@ def test_under_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, call())
-
-
-class _Block(nn.Module):
-    def __init__(self, d=512):
-        super().__init__()
-        self.ln, self.fc1, self.act, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + 0.5 * self.fc2(self.act(self.fc1(self.ln(x))))
 
 
 def test_fused_block_compiled_with_cuda_graphs():

@@ -282,12 +282,12 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _extra_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
+def out_scale_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
     return None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1), True
 
 
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str,
-                variant: str | None = None, fallback=None, extra_args=_extra_args):
+                variant: str | None = None, fallback=None, extra_args=out_scale_args):
     """The launch of one kernel; `variant` / `fallback` override the op's kernel variant and its torch run (the
     activation-quantizing op, act_quant.py, runs the quantizing launcher with its own variant); `extra_args`, the
     launcher's arguments after bias (residual.py: the residual's pointer and alpha)."""

@@ -45,6 +45,7 @@ from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
 from .kernels import get_kernel, production_configs  # noqa: F401
 from ..scaled_mm.checks import _check_layout as check_layout
+from ..scaled_mm.ops import out_scale_args  # the shared C launcher's out_scale arguments
 from ..scaled_mm.out_scale import check_out_scale
 from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, epilogue_fp32,
                         quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
@@ -205,12 +206,8 @@ def _torch_run(op: str, out_dtype):
     return run
 
 
-def _extra_args(extra) -> tuple:  # the launcher's arguments after bias (out_scale, per-row flag), aligned enough
-    return None if extra is None else extra.data_ptr(), int(extra is not None and extra.numel() != 1), True
-
-
 def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: str, sig: str, lane=None,
-                variant: str | None = None, fallback=None, extra_args=_extra_args):
+                variant: str | None = None, fallback=None, extra_args=out_scale_args):
     """fn(a, w, sa, sw, bias, extra) running `cfg`'s kernel for this shape, or None (warned) where it cannot.
     `lane`: the lane to build from (default: the registered lane holding `cfg`; the probe benchmark passes
     `lanes.sm90_with_candidates()` to time configs that are not served yet). `variant` / `fallback` override the
