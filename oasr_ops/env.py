@@ -69,6 +69,12 @@ def gemm_heuristic() -> bool:
     return switch("OASR_GEMM_HEURISTIC", True)
 
 
+def fp8_heuristic_fast_accum() -> bool:
+    """``OASR_FP8_HEURISTIC_FAST_ACCUM`` (default on): off -> the fp8 family's untuned heuristic answers
+    full-fp32-accumulation tiles at every K (on: FastAccum tiles up to its FAST_ACCUM_MAX_K)."""
+    return switch("OASR_FP8_HEURISTIC_FAST_ACCUM", True)
+
+
 def cpp_hot_path() -> bool:
     """``OASR_CPP_HOT_PATH`` (default off): on (or ``cuda``) -> the C++ hot path at import when CUDA is there."""
     return switch("OASR_CPP_HOT_PATH", False, extra_on=("cuda",))

@@ -381,29 +381,46 @@ def test_production_set_has_heuristic_tiles_and_db_refs(tiers):
     assert FA in ids and set(fheur.heuristic_ids(SM90)) <= ids and SM90.default.id in ids
 
 
-def test_half_wave_heuristic():
+def test_half_wave_heuristic(monkeypatch):
     sms = 132
     for m in (1, 7, 16, 17, 64, 65, 127, 1000, 4096, 16384):
-        for n, k in ((256, 256), (1024, 4096), (4096, 1024), (5120, 5120), (256, 16384)):
+        for n, k in ((256, 256), (768, 1024), (1024, 1025), (1024, 4096), (4096, 1024), (5120, 5120),
+                     (256, 16384)):
             cid = fheur.heuristic(SM90, m, n, k, "sm90")
             c = SM90.get(cid)
-            assert c.kernel_schedule != "streamk" and not c.fast_accum
+            assert c.kernel_schedule != "streamk"
+            # FastAccum exactly up to K = 1024 (where every FastAccum tile passed the build's gate on the H200)
+            assert c.fast_accum == (k <= fheur.FAST_ACCUM_MAX_K == 1024)
             if m <= 64:
                 assert c.tile[0] == 64 and (c.swap_ab or c.tile[1] == 128)
-            # never a tile whose full-fp32 accumulators spill (two 128-register accumulators per warpgroup:
-            # 430 / 354 TFLOP/s at 8192^3 on the H200, against 958 for 128x128 cooperative)
-            assert cid not in ("t128x256x128_c1x1_coop", "t128x128x128_c2x1_pp")
-            # the rule: the first (largest) candidate launching half a wave, else the smallest
-            table = fheur._CANDIDATES[SM90.name]["small" if m <= 64 else "large"]
+            if not c.fast_accum:
+                # never a tile whose full-fp32 accumulators spill (two 128-register accumulators per warpgroup:
+                # 430 / 354 TFLOP/s at 8192^3 on the H200, against 958 for 128x128 cooperative)
+                assert cid not in ("t128x256x128_c1x1_coop", "t128x128x128_c2x1_pp")
+            # the rule: the first (largest) candidate launching half a wave, else the one with the most CTAs
+            name = ("small" if m <= 64 else "large") + ("_fast" if k <= 1024 else "")
+            table = fheur._CANDIDATES[SM90.name][name]
             wave = [t for t in table if fheur.ctas(t, m, n) >= sms / 2]
             assert cid == (wave[0] if wave else table[-1])
     assert fheur.heuristic(SM90, 8192, 8192, 8192, "sm90") == "t128x128x128_c1x1_coop"
-    assert fheur.heuristic(SM90, 100, 256, 256, "sm90") == "t64x64x256_c1x1_pp_swab"  # no tile fills half a wave: the most CTAs (8)
-    assert fheur.heuristic(SM90, 16, 1024, 256, "sm90") == "t64x16x256_c1x1_pp_swab"
+    assert fheur.heuristic(SM90, 12000, 3072, 768, "sm90") == "t128x128x128_c2x1_pp_fa"  # Whisper small's fc1
+    assert fheur.heuristic(SM90, 12000, 768, 3072, "sm90") == "t128x128x128_c1x1_coop"  # its fc2: K > 1024
+    assert fheur.heuristic(SM90, 100, 256, 256, "sm90") == "t64x64x256_c1x1_pp_fa_swab"  # no tile fills half a wave: the most CTAs (8)
+    assert fheur.heuristic(SM90, 16, 1024, 256, "sm90") == "t64x16x256_c1x1_pp_fa_swab"
+    assert fheur.heuristic(SM90, 16, 1024, 2048, "sm90") == "t64x16x256_c1x1_pp_swab"
     assert fheur.ctas("t64x16x256_c1x1_pp_swab", 16, 1024) == 16  # swapped: 64 rows over N, 16 cols over M
     for m in (1, 100, 5000):
         assert SM89.get(fheur.heuristic(SM89, m, 1024, 1024, "sm89")).generation == "2x"
     assert fheur.heuristic_config(100, 1024, 1024, "sm80") == "torch"
+    # OASR_FP8_HEURISTIC_FAST_ACCUM=off: full accumulation at every K (the rule before session 36)
+    monkeypatch.setenv("OASR_FP8_HEURISTIC_FAST_ACCUM", "off")
+    assert fheur.heuristic(SM90, 12000, 3072, 768, "sm90") == "t128x128x128_c1x1_coop"
+    assert fheur.heuristic(SM90, 16, 1024, 256, "sm90") == "t64x16x256_c1x1_pp_swab"
+    monkeypatch.setenv("OASR_FP8_HEURISTIC_FAST_ACCUM", "of")  # a misspelling warns once and keeps the default
+    with pytest.warns(RuntimeWarning, match="OASR_FP8_HEURISTIC_FAST_ACCUM"):
+        assert fheur.heuristic(SM90, 12000, 3072, 768, "sm90") == "t128x128x128_c2x1_pp_fa"
+    # every tile it can answer is a production kernel (built ahead of time)
+    assert set(fheur.heuristic_ids(SM90)) >= {"t128x128x128_c2x1_pp_fa", "t128x128x128_c1x1_coop"}
 
 
 def test_variants_for():

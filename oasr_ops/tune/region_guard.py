@@ -46,10 +46,12 @@ from typing import Any
 from ..configs import Config, ConfigError, parse
 from ..runtime import arch_profile, cost_model, registry
 from ..runtime.database import parse_signature
+from .candidates import candidates_for, pseudo_arms
 from .partition import Table, _medians
+from .points import Point
 
 __all__ = ["MARGIN", "guard_regions", "guard_entry", "guard_signature", "structural_ratio", "ratio_for_signature",
-           "capped_at_anchor", "calibrated_ratio", "interpolated"]
+           "capped_at_anchor", "calibrated_ratio", "interpolated", "pseudo_arm_resolver"]
 
 #: A predicted win smaller than this is not trusted away from the points it was measured at. Chosen on the
 #: shipped gemm DB's between-points check (benchmarks/logs/sm90_between_points.json): every midpoint measured
@@ -179,11 +181,14 @@ def capped_at_anchor(sig: str) -> bool:
 
 
 def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str, ratio: RatioFn,
-                  margin: float = MARGIN, cap_at_anchor: bool = False) -> tuple[list[list[Any]], list[str]]:
+                  margin: float = MARGIN, cap_at_anchor: bool = False,
+                  resolve: Callable[[str, int], str] | None = None) -> tuple[list[list[Any]], list[str]]:
     """The regions with every stretch of M where a region's config is predicted to lose (by the rule above)
     handed to ``fallback``; and one note per region that changed. The catch-all row (``[None, cfg]``) is left as
     it is: above the largest measured M the build already serves the fallback. ``cap_at_anchor``: a prediction
-    never exceeds the anchor's measured speedup (module doc)."""
+    never exceeds the anchor's measured speedup (module doc). ``resolve(cfg, m)``: the tile a pseudo-arm region
+    (``heuristic``) runs at M — its stretches, anchors and predictions are that tile's; without it (or for a
+    concrete config) the config itself."""
     med = _medians(times)
     out: list[list[Any]] = []
     notes: list[str] = []
@@ -197,9 +202,11 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
         # anchors on both sides, also outside the region: a measured loss just below the region's first point
         # says as much about the Ms above it as the win the region was chosen for
         anchors = sorted(m for m in med if cfg in med[m] and fallback in med[m])
-        step = _m_step(cfg)
-        base = {a: ratio(cfg, a) for a in anchors}
-        if not anchors or step is None or any(v is None for v in base.values()):
+
+        def tile(m: int, cfg: str = cfg) -> str:
+            return resolve(cfg, m) if resolve is not None and _config(cfg) is None else cfg
+        base = {a: ratio(tile(a), a) for a in anchors}
+        if not anchors or _m_step(tile(lo + 1)) is None or any(v is None for v in base.values()):
             out.append([hi, cfg])
             lo = hi
             continue
@@ -207,8 +214,9 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
         lost = 0
         start = lo + 1
         while start <= hi:
+            step = _m_step(tile(start)) or 1
             end = min(hi, (-(-start // step)) * step)  # the interval of M with the same tile count as `start`
-            r_m = ratio(cfg, start)
+            r_m = ratio(tile(start), start)
             # a point measured in this stretch runs the same waves: it alone speaks for it
             near = [a for a in anchors if start <= a <= end] or (
                 [a for a in anchors if a <= start][-1:] + [a for a in anchors if a >= start][:1])
@@ -229,17 +237,35 @@ def guard_regions(regions: Sequence[Sequence[Any]], times: Table, fallback: str,
 
 
 def guard_entry(entry: Mapping[str, Any], times: Table, fallback: str, ratio: RatioFn | None,
-                margin: float = MARGIN, cap_at_anchor: bool = False) -> dict[str, Any]:
+                margin: float = MARGIN, cap_at_anchor: bool = False,
+                resolve: Callable[[str, int], str] | None = None) -> dict[str, Any]:
     """`guard_regions` applied to a partition's DB entry (regions + notes); unchanged without a ratio."""
     if ratio is None or fallback != "torch":
         return dict(entry)
-    regions, notes = guard_regions(entry["regions"], times, fallback, ratio, margin, cap_at_anchor)
+    regions, notes = guard_regions(entry["regions"], times, fallback, ratio, margin, cap_at_anchor, resolve)
     return {**entry, "regions": regions, "notes": [*entry.get("notes", []), *notes]}
+
+
+def pseudo_arm_resolver(sig: str, arch: str) -> Callable[[str, int], str] | None:
+    """(pseudo-arm id, M) -> the tile it runs for the signature's family on `arch` (the ``heuristic`` arm's
+    current rule), or None where the family has no pseudo-arm. Why the guard needs it: a ``heuristic`` region
+    runs a data-parallel tile like any other, and unguarded it kept a measured 0.92x loser of the fp8 family
+    (N=K=512, M=4096) once the heuristic answered that tile (session 36)."""
+    parts = parse_signature(sig)
+    arms = {c.id: c for c in pseudo_arms(candidates_for(parts, arch))} if parts is not None else {}
+    if not arms:
+        return None
+
+    def resolve(cid: str, m: int) -> str:
+        arm = arms.get(cid)
+        return arm.config_at(Point(m, n=parts.n, k=parts.k, op=parts.op, family=parts.family)) if arm else cid
+    return resolve
 
 
 def guard_signature(entry: Mapping[str, Any], times: Table, fallback: str, sig: str, arch: str,
                     margin: float = MARGIN) -> dict[str, Any]:
     """`guard_entry` with the signature's family's ratio and cap (what the build and ``--from-log`` run): the
-    calibrated ratio for the families guarded through ``wave_guard_dtype``, the structural one otherwise."""
+    calibrated ratio for the families guarded through ``wave_guard_dtype``, the structural one otherwise; a
+    pseudo-arm region is guarded as the tiles it resolves to."""
     ratio = calibrated_ratio(sig, times, fallback, arch) or ratio_for_signature(sig, arch)
-    return guard_entry(entry, times, fallback, ratio, margin, capped_at_anchor(sig))
+    return guard_entry(entry, times, fallback, ratio, margin, capped_at_anchor(sig), pseudo_arm_resolver(sig, arch))
