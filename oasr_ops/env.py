@@ -14,6 +14,12 @@ import os
 import warnings
 
 _ON = ("1", "on", "true", "yes")
+
+#: The variables that change what a selection answers (the untuned tiers' rules): part of the graph pass's
+#: Inductor cache key (`runtime.select.selection_hash`), or a compiled graph cached under one setting would be
+#: reused, with the tiles it baked, under another (session 36: an A/B of OASR_FP8_HEURISTIC_FAST_ACCUM in two
+#: processes ran the first process's graph twice).
+SELECTION_VARS = ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK", "OASR_FP8_HEURISTIC_FAST_ACCUM")
 _OFF = ("0", "off", "false", "no")
 
 

@@ -479,7 +479,7 @@ def reset_selection(family: str | None = None) -> None:
 def selection_hash(arch: str | None = None) -> str:
     """`database.snapshot_hash` plus the settings and plug-ins that change selections (for a pass uuid)."""
     h = hashlib.sha256(_db.snapshot_hash(arch).encode())
-    for var in ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"):
+    for var in _env.SELECTION_VARS:
         h.update(f"|{var}={os.environ.get(var, '')}".encode())
     for name, reg in (("model", _COST_MODELS), ("fallback", _FALLBACKS)):
         for fam, fn in sorted(reg.items()):
