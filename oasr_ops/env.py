@@ -19,7 +19,8 @@ _ON = ("1", "on", "true", "yes")
 #: Inductor cache key (`runtime.select.selection_hash`), or a compiled graph cached under one setting would be
 #: reused, with the tiles it baked, under another (session 36: an A/B of OASR_FP8_HEURISTIC_FAST_ACCUM in two
 #: processes ran the first process's graph twice).
-SELECTION_VARS = ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK", "OASR_FP8_HEURISTIC_FAST_ACCUM")
+SELECTION_VARS = ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK", "OASR_FP8_HEURISTIC_FAST_ACCUM",
+                  "OASR_GEMM_COMPILE_SET")  # the last: a DB config outside the production set is skipped
 _OFF = ("0", "off", "false", "no")
 
 

@@ -423,15 +423,16 @@ def test_half_wave_heuristic(monkeypatch):
     assert set(fheur.heuristic_ids(SM90)) >= {"t128x128x128_c2x1_pp_fa", "t128x128x128_c1x1_coop"}
 
 
-@pytest.mark.parametrize("var", ["OASR_FP8_HEURISTIC_FAST_ACCUM", "OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK"])
-def test_selection_settings_enter_the_graph_cache_key(monkeypatch, var):
+@pytest.mark.parametrize("var,value", [("OASR_FP8_HEURISTIC_FAST_ACCUM", "off"), ("OASR_GEMM_HEURISTIC", "0"),
+                                       ("OASR_TUNE_MODEL_FALLBACK", "0"), ("OASR_GEMM_COMPILE_SET", "all")])
+def test_selection_settings_enter_the_graph_cache_key(monkeypatch, var, value):
     # the graph pass bakes tiles: a graph compiled under one setting must not be reused from Inductor's FX graph
     # cache under another (session 36: an A/B in two processes ran the first one's baked tiles twice)
     from oasr_ops.inductor.rewrite import OasrRewritePass
 
     monkeypatch.delenv(var, raising=False)
     before = OasrRewritePass(arch="sm90").uuid()
-    monkeypatch.setenv(var, "off")
+    monkeypatch.setenv(var, value)
     assert OasrRewritePass(arch="sm90").uuid() != before
 
 
