@@ -41,10 +41,12 @@ def held_out_speeds(tables: dict, weights: dict, held: dict, arch: str, min_spee
             h = {"validation": set(held[sig]["validation"]) - {m}, "must_tune": set(held[sig]["must_tune"]) - {m},
                  "l2": held[sig]["l2"]}
             cfg = served_at(from_log.partition_logged(sig, t, w, h, arch, min_speedup, max_loss)["regions"], m)
+            resolve = region_guard.pseudo_arm_resolver(sig, arch)
+            tile = resolve(cfg, m) if resolve is not None else cfg  # a `heuristic` region runs the rule's tile
             row = table[m]
             if "torch" not in row:
                 continue
-            arm = cfg if cfg in row else "torch"
+            arm = tile if tile in row else "torch"
             out.append((row["torch"][0] / row[arm][0], sig, m, cfg))
     return out
 
@@ -125,7 +127,7 @@ def main() -> int:
                     ratio = region_guard.calibrated_ratio(sig, times, fallback, arch) if _cal else None
                     return region_guard.guard_entry(entry, times, fallback,
                                                     ratio or region_guard.ratio_for_signature(sig, arch),
-                                                    a.margin, _cap)
+                                                    a.margin, _cap, region_guard.pseudo_arm_resolver(sig, arch))
                 from_log.guard_signature = guarded
                 name = f"guard_{'calibrated' if calibrated else 'structural'}_margin_{a.margin:g}"
                 out[name + ("_capped" if cap else "")] = summary(
