@@ -14,6 +14,7 @@ import os
 import warnings
 
 _ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
 
 #: The variables that change what a selection answers (the untuned tiers' rules): part of the graph pass's
 #: Inductor cache key (`runtime.select.selection_hash`), or a compiled graph cached under one setting would be
@@ -21,7 +22,6 @@ _ON = ("1", "on", "true", "yes")
 #: processes ran the first process's graph twice).
 SELECTION_VARS = ("OASR_GEMM_HEURISTIC", "OASR_TUNE_MODEL_FALLBACK", "OASR_FP8_HEURISTIC_FAST_ACCUM",
                   "OASR_GEMM_COMPILE_SET")  # the last: a DB config outside the production set is skipped
-_OFF = ("0", "off", "false", "no")
 
 
 @functools.lru_cache(maxsize=None)
