@@ -12,7 +12,7 @@ lists alone (`FAST_ACCUM_MAX_K = 0`, the rule before session 36):
 * the ratio to torch._scaled_mm rowwise (bf16);
 
 and, from the build's result file, how many FastAccum (tile, M) pairs the gate rejected at each K — the evidence for
-`FAST_ACCUM_MAX_K`. The half-wave rule uses 132 SMs (the H200 the logs were measured on).
+`FAST_ACCUM_MAX_K`. Run on a CPU machine, the half-wave rule counts the sm90 part's 132 SMs (the H200's).
 """
 from __future__ import annotations
 
@@ -20,17 +20,19 @@ import argparse
 import collections
 import json
 import math
+import os
 import re
 from pathlib import Path
+from unittest import mock
 
 from oasr_ops.configs import parse
 from oasr_ops.families.scaled_mm_fp8 import heuristic as fheur
+from oasr_ops.families.scaled_mm_fp8.lanes import SM90_FP8_WGMMA as SM90
 
 # v3: the shipped file's log; v1: the first H200 build; build.jsonl: a later rebuild (same tiles)
 LOGS = ("benchmarks/logs/sm90_scaled_mm_fp8_build_v3.jsonl", "benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl",
         "benchmarks/logs/sm90_scaled_mm_fp8_build.jsonl")
 RESULT = "benchmarks/logs/sm90_scaled_mm_fp8_build_result.json"
-SMS = 132
 M_CLASSES = ((1, 64), (65, 1024), (1025, 1 << 30))
 NOT_TILES = ("torch", "heuristic")
 
@@ -49,20 +51,19 @@ def load(log: str) -> dict[tuple[int, int, int], dict[str, float]]:
     return table
 
 
-def rule(max_k: int):
-    """The lane's heuristic with FastAccum lists up to K = max_k (0: full accumulation everywhere)."""
-    table = fheur._CANDIDATES["sm90_fp8_wgmma"]
+def rule(fast_accum: bool):
+    """The shipped heuristic itself, with ``OASR_FP8_HEURISTIC_FAST_ACCUM`` on (the shipped rule) or off (its
+    full-accumulation lists at every K, the rule before session 36)."""
+    value = "on" if fast_accum else "off"
 
     def pick(m: int, n: int, k: int) -> str:
-        name = "small" if m <= fheur._SMALL_M else "large"
-        if k <= max_k:
-            name += "_fast"
-        return fheur.half_wave_config(table[name], m, n, SMS)
+        with mock.patch.dict(os.environ, {"OASR_FP8_HEURISTIC_FAST_ACCUM": value}):
+            return fheur.heuristic(SM90, m, n, k, "sm90")
     return pick
 
 
-def score(table, max_k: int, k_max: int | None = None) -> dict:
-    shipped, full = rule(max_k), rule(0)
+def score(table, k_max: int | None = None) -> dict:
+    shipped, full = rule(True), rule(False)
     rows = []
     for (m, n, k), arms in table.items():
         if k_max is not None and k > k_max:
@@ -115,9 +116,8 @@ def main() -> None:
     report: dict = {"fast_accum_max_k": fheur.FAST_ACCUM_MAX_K, "logs": {}}
     for log in a.log or LOGS:
         table = load(log)
-        report["logs"][log] = {"all": score(table, fheur.FAST_ACCUM_MAX_K),
-                               f"K<={fheur.FAST_ACCUM_MAX_K}": score(table, fheur.FAST_ACCUM_MAX_K,
-                                                                      fheur.FAST_ACCUM_MAX_K)}
+        report["logs"][log] = {"all": score(table),
+                               f"K<={fheur.FAST_ACCUM_MAX_K}": score(table, fheur.FAST_ACCUM_MAX_K)}
     report["gate_rejections_of_fast_accum_by_k"] = gate_rejections(a.result)
     for log, parts in report["logs"].items():
         print(log)

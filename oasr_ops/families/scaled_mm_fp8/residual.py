@@ -99,8 +99,8 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
     arch = ops._current_arch(None) or "sm90"
     sig = ops.signature(DB_OP, n, k)
     concrete = config != "auto" and config not in SENTINELS and ":" not in config  # not a region table either
-    if concrete and parse(config).kernel_schedule == "streamk":
-        tile = heuristic_config(m, n, k, arch)  # a Stream-K id asked for: the plan names the tile that runs
+    if concrete:  # a Stream-K id asked for: the plan names the tile that runs
+        tile = _residual_tile(config, m, n, k, arch)
         config = config if tile in SENTINELS else tile
 
     def torch_run(_sentinel):
@@ -115,7 +115,7 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
             _warn_once(f"oasr.{OP}: no residual-epilogue kernel in {cfg.id}'s lane (sm90 lane only); using torch")
             return None
         if cfg.kernel_schedule == "streamk":  # e.g. from a region table baked from scaled_mm_fp8's entries
-            tile = heuristic_config(m, n, k, arch)
+            tile = _residual_tile(cfg.id, m, n, k, arch)
             if tile in SENTINELS:
                 return None
             cfg = parse(tile)
