@@ -221,7 +221,8 @@ def test_only_the_fp8_family_is_capped():
 
 # ---- the calibrated fp8 ratio (region_guard.calibrated_ratio): per-config fits on the signature's own points
 
-FP8_REBUILT_LOG = LOGS / "sm90_scaled_mm_fp8_build.jsonl"  # the shipped log (the rebuilt DB's)
+FP8_REBUILT_LOG = LOGS / "sm90_scaled_mm_fp8_build.jsonl"  # the second H200 build's (the calibrated guard's first)
+FP8_V3_LOG = LOGS / "sm90_scaled_mm_fp8_build_v3.jsonl"  # the third build's: the shipped file is its partition
 
 
 def _log_table(log: Path, sig: str):
@@ -297,11 +298,12 @@ def test_calibrated_guard_hands_the_h200_heldout_loser_to_torch():
     assert served_at(structural["regions"], 1025) == "t128x128x128_c2x1_pp_fa"
 
 
+@pytest.mark.parametrize("log", [FP8_REBUILT_LOG, FP8_V3_LOG], ids=["build", "build_v3"])
 @pytest.mark.parametrize("sig", ["scaled_mm_fp8|op=scaled_mm_fp8|N=3072|K=1024",
                                  "scaled_mm_fp8|op=scaled_mm_fp8|N=1024|K=512",
                                  "scaled_mm_fp8|op=scaled_mm_fp8|N=512|K=512",
                                  "scaled_mm_fp8|op=scaled_mm_fp8|N=768|K=256"])
-def test_calibrated_guard_leave_one_out_never_serves_a_logged_loser(sig):
+def test_calibrated_guard_leave_one_out_never_serves_a_logged_loser(sig, log):
     # each interior measured M dropped from the shipped log, the signature re-partitioned (calibrated guard fitted
     # without it): what it serves there is never slower than torch._scaled_mm by more than 2 % in the log
     # (benchmarks/region_guard_loo.py runs this over every signature)
@@ -310,7 +312,7 @@ def test_calibrated_guard_leave_one_out_never_serves_a_logged_loser(sig):
     from oasr_ops.tune.build import BuildOptions
     from oasr_ops.tune.from_log import log_tables, partition_logged
 
-    recs = [json.loads(line) for line in FP8_REBUILT_LOG.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     tables, weights, held, _ = log_tables(recs)
     o = BuildOptions(arch="sm90")
     table = tables[sig]
@@ -322,3 +324,44 @@ def test_calibrated_guard_leave_one_out_never_serves_a_logged_loser(sig):
         cfg = served_tile(partition_logged(sig, t, w, h, "sm90", o.min_speedup, o.max_loss)["regions"], m, sig)
         arm = cfg if cfg in table[m] else "torch"
         assert table[m]["torch"][0] / table[m][arm][0] >= 0.98, (m, cfg)
+
+
+def test_fallback_time_prices_a_launch_floor_gap_at_its_lower_bound():
+    from oasr_ops.tune.region_guard import LAUNCH_FLOOR_BAND, fallback_time, interpolated
+
+    pts = [(16, 5.0), (1907, 5.37), (9233, 13.5), (24000, 21.1)]  # torch, N=K=512 (us): flat, then rising
+    f, lin = fallback_time(pts), interpolated(pts)
+    assert 5.37 / 5.0 <= LAUNCH_FLOOR_BAND < 13.5 / 5.0
+    assert lin(3552) == pytest.approx(5.37 + (13.5 - 5.37) * (3552 - 1907) / (9233 - 1907))  # 7.2: overpriced
+    assert f(3552) == pytest.approx(5.37)  # max(t0, t1 M / m1) = max(5.37, 5.19)
+    assert f(8000) == pytest.approx(13.5 * 8000 / 9233)
+    assert f(16000) == lin(16000)  # 9233 is off the floor: the line
+    for m in (16, 1907, 9233, 24000, 1, 10 ** 6):  # measured points and outside them: unchanged
+        assert f(m) == lin(m)
+    assert all(f(m) <= lin(m) for m in range(17, 24000, 97))  # never dearer than the line: the guard only takes Ms
+
+
+def test_launch_floor_pricing_sends_the_v3_heldout_loser_to_torch(monkeypatch):
+    # leave-one-out on the shipped file's log (v3): without M=3552, N=K=512 partitions (1024, 24000] to the heuristic,
+    # whose 128x128 2x1 FastAccum tile measured 0.906x of torch._scaled_mm at 3552 (5.54 vs 6.11 us); the line from
+    # torch's 5.37 us at M=1907 to 13.5 us at 9233 priced torch at 7.2 us there, so the guard kept it
+    import json
+
+    from oasr_ops.tune import region_guard
+    from oasr_ops.tune.build import BuildOptions
+    from oasr_ops.tune.from_log import log_tables, partition_logged
+
+    sig = "scaled_mm_fp8|op=scaled_mm_fp8|N=512|K=512"
+    recs = [json.loads(line) for line in FP8_V3_LOG.read_text().splitlines() if line.strip()]
+    tables, weights, held, _ = log_tables(recs)
+    o = BuildOptions(arch="sm90")
+    table = {k: v for k, v in tables[sig].items() if k != 3552}
+    w = {k: v for k, v in weights[sig].items() if k != 3552}
+    h = {"validation": set(held[sig]["validation"]), "must_tune": set(held[sig]["must_tune"]) - {3552},
+         "l2": held[sig]["l2"]}
+
+    def served() -> str:
+        return served_tile(partition_logged(sig, table, w, h, "sm90", o.min_speedup, o.max_loss)["regions"], 3552, sig)
+    assert served() == "torch"
+    monkeypatch.setattr(region_guard, "fallback_time", lambda pts: region_guard.interpolated(pts))
+    assert served() == "t128x128x128_c2x1_pp_fa"  # the straight line (the rule before) kept the loser

@@ -35,6 +35,15 @@ at M=1907 (two and three waves) and 13.1 us at the held-out M=1025 (two waves; t
 Fitted, two waves cost ~11.3 us: from the M=1907 anchor (1.21x) the prediction at M=1025 is 0.98x, so it goes to
 torch. A fit per signature uses only points a leave-one-out drops (benchmarks/region_guard_loo.py) and is what
 the build and ``--from-log`` both compute; configs measured at fewer than three points keep the structural ratio.
+
+Fallback between its points (``fallback_time``). torch._scaled_mm's time is flat on a launch floor at small M and
+rises once the GPU fills, so a straight line from a floor point to the next measured point overprices it in
+between: N=K=512, torch 5.37 us at M=1907 and 13.51 us at M=9233, the line says 7.2 us at M=3552, measured 5.54 us;
+with M=3552 left out (leave-one-out on the v3 build log) the guard kept the heuristic's 128x128 2x1 tile there,
+measured 0.906x. In a gap whose lower point is on the floor (within LAUNCH_FLOOR_BAND of the smallest measured
+time) the fallback is priced at max(t0, t1 x M / m1): it does not get faster with M, and its time per row does not
+grow with M (a GEMM's efficiency rises with M), so this is a lower bound, and the guard only takes Ms away. Off
+the floor the line stays: there the lower bound is loose and dropped 21 of 256 GPU-measured wins (1.13x geomean).
 """
 from __future__ import annotations
 
@@ -51,7 +60,8 @@ from .partition import Table, _medians
 from .points import Point
 
 __all__ = ["MARGIN", "guard_regions", "guard_entry", "guard_signature", "structural_ratio", "ratio_for_signature",
-           "capped_at_anchor", "calibrated_ratio", "interpolated", "pseudo_arm_resolver"]
+           "capped_at_anchor", "calibrated_ratio", "interpolated", "fallback_time", "pseudo_arm_resolver",
+           "LAUNCH_FLOOR_BAND"]
 
 #: A predicted win smaller than this is not trusted away from the points it was measured at. Chosen on the
 #: shipped gemm DB's between-points check (benchmarks/logs/sm90_between_points.json): every midpoint measured
@@ -112,9 +122,34 @@ def interpolated(points: Sequence[tuple[int, float]]) -> Callable[[int], float]:
     return at
 
 
+#: A fallback time within this factor of its smallest measured time is taken to be on its launch floor (module
+#: doc, "Fallback between its points"). Chosen on the three fp8 H200 build logs' leave-one-out and the GPU's
+#: held-out rows (benchmarks/region_guard_loo.py): 1.12-1.20 all keep no logged loser and drop no measured winner;
+#: 1.10 keeps a 0.91x loser (v1 log), 1.25 drops a measured 1.05x winner.
+LAUNCH_FLOOR_BAND = 1.15
+
+
+def fallback_time(points: Sequence[tuple[int, float]], band: float = LAUNCH_FLOOR_BAND) -> Callable[[int], float]:
+    """M -> the fallback's time between its measured (M, time) points: `interpolated`, except in a gap whose
+    lower point (m0, t0) is on the launch floor (t0 <= band x the smallest measured time), where it is
+    min(linear, max(t0, t1 x M / m1)) — the lower bound of a time that does not fall with M and whose time per
+    row does not rise with M (module doc)."""
+    pts = sorted(points)
+    linear = interpolated(pts)
+    floor = band * min(t for _, t in pts)
+
+    def at(m: int) -> float:
+        for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+            if m0 < m < m1:
+                return min(linear(m), max(t0, t1 * m / m1)) if t0 <= floor else linear(m)
+        return linear(m)
+    return at
+
+
 def calibrated_ratio(sig: str, times: Table, fallback: str, arch: str) -> RatioFn | None:
     """T_config(M) / T_fallback(M) calibrated on the signature's measurements (module doc): the cost model with
-    each config's (a, b, R) fitted on its measured points over the fallback's measured times interpolated in M.
+    each config's (a, b, R) fitted on its measured points over the fallback's measured times between its points
+    (`fallback_time`).
     A config with fewer than three measured points gets `structural_ratio`. None for a signature whose family is
     not guarded through ``wave_guard_dtype``, or with fewer than two measured fallback points."""
     from ..runtime.cost_model import Calibration
@@ -130,7 +165,7 @@ def calibrated_ratio(sig: str, times: Table, fallback: str, arch: str) -> RatioF
         return None
     profile = arch_profile.reference_profile(arch)
     cal = Calibration(arch_family=arch, dtype=dtype, configs=fit_table(med, parts.n, parts.k, dtype, profile))
-    t_fallback = interpolated(fb)
+    t_fallback = fallback_time(fb)
     structural = structural_ratio(parts.n, parts.k, dtype, arch)
 
     def ratio(cid: str, m: int) -> float | None:
