@@ -174,22 +174,8 @@ def test_shipped_fp8_db_is_its_log_partitioned_with_the_guard():
     want = {sig: e["regions"] for sig, e in shipped["entries"].items()}
     logs = sorted(LOGS.glob("sm90_scaled_mm_fp8_build*.jsonl"))
     assert logs
-    extra = _act_quant_entries("scaled_mm_fp8")
-    got = {log.name: {**{sig: e["regions"] for sig, e in _fp8_log_entries(log).items()}, **extra} for log in logs}
+    got = {log.name: {sig: e["regions"] for sig, e in _fp8_log_entries(log).items()} for log in logs}
     assert any(g == want for g in got.values()), f"no log in {sorted(got)} partitions to the shipped file"
-
-
-def _act_quant_entries(family: str) -> dict:
-    """Regions of the fused fc1s' entries (`op=..._quant`, device step build-act-quant) from their own build logs
-    (benchmarks/logs/sm90_<family>_actq_build*.jsonl, none shipped yet): merged into the shipped file without
-    --fresh, so the file is the plain build's partition plus these."""
-    from oasr_ops.tune.build import BuildOptions, entries_from_log
-
-    out: dict = {}
-    for log in sorted(LOGS.glob(f"sm90_{family}_actq_build*.jsonl")):
-        out.update({sig: e["regions"] for sig, e in entries_from_log(log, BuildOptions(arch="sm90"),
-                                                                       family=family)[0].items()})
-    return out
 
 
 @pytest.mark.parametrize("family,log", [("gemm", "sm90_gemm_build.jsonl"), ("scaled_mm", "sm90_scaled_mm_build.jsonl"),
@@ -204,12 +190,8 @@ def test_shipped_db_is_its_log_partitioned_by_the_current_rules(family, log):
 
     shipped = json.loads((LOGS.parent.parent / "db" / "sm90" / f"{family}.json").read_text())["entries"]
     got = entries_from_log(LOGS / log, BuildOptions(arch="sm90"), family=family)[0]
-    extra = _act_quant_entries(family)
-    assert set(got) | set(extra) == set(shipped)
+    assert set(got) == set(shipped)
     for sig, e in shipped.items():
-        if sig in extra:
-            assert extra[sig] == e["regions"], sig
-            continue
         assert got[sig]["regions"] == e["regions"], sig
         assert got[sig].get("regions_eager") == e.get("regions_eager"), sig
 
