@@ -35,14 +35,14 @@ def held_out_speeds(tables: dict, weights: dict, held: dict, arch: str, min_spee
                     max_loss: float | None) -> list[tuple]:
     out = []
     for sig, table in tables.items():
+        resolve = region_guard.pseudo_arm_resolver(sig, arch)  # a `heuristic` region runs the rule's tile
         for m in sorted(table)[1:-1]:
             t = {k: v for k, v in table.items() if k != m}
             w = {k: v for k, v in weights[sig].items() if k != m}
             h = {"validation": set(held[sig]["validation"]) - {m}, "must_tune": set(held[sig]["must_tune"]) - {m},
                  "l2": held[sig]["l2"]}
             cfg = served_at(from_log.partition_logged(sig, t, w, h, arch, min_speedup, max_loss)["regions"], m)
-            resolve = region_guard.pseudo_arm_resolver(sig, arch)
-            tile = resolve(cfg, m) if resolve is not None else cfg  # a `heuristic` region runs the rule's tile
+            tile = resolve(cfg, m) if resolve is not None else cfg
             row = table[m]
             if "torch" not in row:
                 continue
