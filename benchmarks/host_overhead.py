@@ -94,11 +94,13 @@ def _install_stubs(so: Path) -> None:
 
 
 def _cases(device: str, m: int):
-    """(name, op qualname, the family's `_cuda` function, args) for the ops an int8 / fp16 Conformer serves."""
+    """(name, op qualname, the family's `_cuda` function, args) for the ops an int8 / fp8 / fp16 Conformer serves."""
     from oasr_ops.families.conv1d import ops as conv1d
     from oasr_ops.families.gemm import ops as gemm
     from oasr_ops.families.layer_norm_quant import ops as lnq
     from oasr_ops.families.scaled_mm import act_quant, ops as smm, residual
+    from oasr_ops.families.scaled_mm_fp8 import act_quant as act_quant_fp8, heuristic as fp8_heuristic
+    from oasr_ops.families.scaled_mm_fp8 import ops as fp8, residual as residual_fp8
     from oasr_ops.runtime.plans import format_table
     from oasr_ops.runtime.registry import native_lane
 
@@ -108,6 +110,8 @@ def _cases(device: str, m: int):
     def t(*shape, dtype=torch.float16):
         if dtype == torch.int8:
             return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8).to(device)
+        if dtype == torch.float8_e4m3fn:
+            return torch.randn(*shape, generator=g).mul(8).to(dtype).to(device)
         return torch.randn(*shape, generator=g).to(dtype).to(device)
 
     def table(cfg_id: str) -> str:
@@ -117,7 +121,10 @@ def _cases(device: str, m: int):
     smm_id = smm.heuristic_config(m, f, d, "sm90")
     res_id = smm.heuristic_config(m, d, f, "sm90")
     dw_id = native_lane("sm90", "conv1d").default.id
-    a16, a8 = t(1, m, d), t(m, d, dtype=torch.int8)
+    fp8_id = fp8_heuristic.heuristic_config(m, f, d, "sm90")
+    fp8_res_id = fp8_heuristic.heuristic_config(m, d, f, "sm90")
+    e4m3 = torch.float8_e4m3fn
+    a16, a8, af8 = t(1, m, d), t(m, d, dtype=torch.int8), t(m, d, dtype=e4m3)
     sa = torch.rand(m, generator=g).add(0.01).to(device)
     return [
         ("gemm", "oasr::gemm", gemm._gemm_cuda, (a16, t(f, d), t(f), "none", table(gemm_id))),
@@ -135,6 +142,17 @@ def _cases(device: str, m: int):
         ("scaled_mm_residual", "oasr::scaled_mm_residual", residual._cuda,
          (t(m, f, dtype=torch.int8), t(d, f, dtype=torch.int8), sa, torch.rand(d, generator=g).to(device), t(d),
           t(m, d), 0.5, torch.float16, table(res_id))),
+        # the fp8 GEMMs of an fp8 Conformer (`fuse_quantization` with fp8_w8a8): the plain one with fp16 output,
+        # the fc1 with its activation and static out_scale, the fc2 with the residual
+        ("scaled_mm_fp8", "oasr::scaled_mm_fp8", fp8._scaled_mm_fp8_cuda,
+         (af8, t(f, d, dtype=e4m3), sa, torch.rand(f, generator=g).to(device), t(f), torch.float16,
+          table(fp8_id))),
+        ("scaled_mm_fp8_act_quant", "oasr::scaled_mm_fp8_act_quant", act_quant_fp8._cuda,
+         (af8, t(f, d, dtype=e4m3), sa, torch.rand(f, generator=g).to(device),
+          t(f, dtype=torch.float32), torch.full((1,), 0.05, device=device), "silu", table(fp8_id))),
+        ("scaled_mm_fp8_residual", "oasr::scaled_mm_fp8_residual", residual_fp8._cuda,
+         (t(m, f, dtype=e4m3), t(d, f, dtype=e4m3), sa, torch.rand(d, generator=g).to(device), t(d),
+          t(m, d), 0.5, torch.float16, table(fp8_res_id))),
         ("layer_norm_quant", "oasr::layer_norm_quant", lnq._cuda,
          (a16, t(d), t(d), 1e-5, False, "int8", "auto")),
         ("conv1d_depthwise", "oasr::conv1d_depthwise", conv1d._cuda,

@@ -1,6 +1,8 @@
 // The C++ hot path of the oasr ops a served model calls most (docs/architecture.md, "Without CUDA graphs the host
 // decides"): `oasr::gemm`, the int8 GEMMs `oasr::scaled_mm`, `scaled_mm_quant`, `scaled_mm_act_quant`,
-// `scaled_mm_residual`, `oasr::conv1d_depthwise` and `oasr::layer_norm_quant`. Built by oasr_ops/codegen/host_ext.py
+// `scaled_mm_residual`, their fp8 e4m3 counterparts `oasr::scaled_mm_fp8`, `scaled_mm_fp8_quant`,
+// `scaled_mm_fp8_act_quant`, `scaled_mm_fp8_residual` (the same launcher ABI), `oasr::conv1d_depthwise` and
+// `oasr::layer_norm_quant`. Built by oasr_ops/codegen/host_ext.py
 // with the host C++ compiler against the installed torch, loaded and switched on by oasr_ops/families/hot_path.py.
 // Every decision stays in Python; this file only replays decisions already made.
 //
@@ -47,13 +49,16 @@
 
 namespace {
 
-constexpr int64_t kAbiVersion = 3;  // bump with any change of the ops below (codegen/host_ext.py checks it)
+constexpr int64_t kAbiVersion = 4;  // bump with any change of the ops below (codegen/host_ext.py checks it)
 
 // The ops served here; the codes are families/hot_path.py `OPS`.
 enum Op : int64_t { kGemm = 0, kScaledMm, kScaledMmQuant, kScaledMmActQuant, kScaledMmResidual, kConv1dDepthwise,
-                    kLayerNormQuant, kNumOps };
+                    kLayerNormQuant, kScaledMmFp8, kScaledMmFp8Quant, kScaledMmFp8ActQuant, kScaledMmFp8Residual,
+                    kNumOps };
 constexpr const char* kOpNames[kNumOps] = {"gemm", "scaled_mm", "scaled_mm_quant", "scaled_mm_act_quant",
-                                           "scaled_mm_residual", "conv1d_depthwise", "layer_norm_quant"};
+                                           "scaled_mm_residual", "conv1d_depthwise", "layer_norm_quant",
+                                           "scaled_mm_fp8", "scaled_mm_fp8_quant", "scaled_mm_fp8_act_quant",
+                                           "scaled_mm_fp8_residual"};
 
 // The launchers' C ABI (templates/_abi.cu.j2, _scaled_mm_abi.cu.j2, conv1d_depthwise.cu.j2,
 // layer_norm_quant.cu.j2): `oasr_run`, `oasr_smm_run` (x = out_scale, x_arg = its per-row flag), `oasr_smmr_run`
@@ -99,35 +104,30 @@ struct Plan {
   std::atomic<int64_t> calls{0};
 };
 
-// What a hit copies out of the table (the plan itself may be cleared once the lock is released).
+// What a hit copies out of the table, and the plan's shared ownership (the table may drop it once the lock is
+// released): `answered()` counts the call, once the hit path has answered it rather than handing it to Python.
 struct Found {
   Arm arm;
   void* launcher;
   c10::SmallVector<int64_t, 8> params;
+  std::shared_ptr<Plan> plan;
+  void answered() const { plan->calls.fetch_add(1, std::memory_order_relaxed); }
 };
 
 std::shared_mutex table_mutex;
-std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> table;
+std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash> table;
 std::vector<Plan*> slots;  // slot -> plan (owned by table), for call counts
 
 c10::DispatchKey backend_key = c10::DispatchKey::CUDA;
 std::vector<std::unique_ptr<torch::Library>> libraries;  // the registrations enable() made
 
-// The plan of `key`, its call counted (`count`: a hit path that may still hand the call to Python counts it itself,
-// with `count_call`, once it has answered).
-std::optional<Found> find_plan(const PlanKey& key, bool count = true) {
+// The plan of `key`; its call is counted by the hit path (`Found::answered`) once it has answered it.
+std::optional<Found> find_plan(const PlanKey& key) {
   std::shared_lock<std::shared_mutex> lock(table_mutex);
   auto it = table.find(key);
   if (it == table.end()) return std::nullopt;
-  Plan& plan = *it->second;
-  if (count) plan.calls.fetch_add(1, std::memory_order_relaxed);
-  return Found{plan.arm, plan.launcher, plan.params};
-}
-
-void count_call(const PlanKey& key) {
-  std::shared_lock<std::shared_mutex> lock(table_mutex);
-  auto it = table.find(key);
-  if (it != table.end()) it->second->calls.fetch_add(1, std::memory_order_relaxed);
+  const Plan& plan = *it->second;
+  return Found{plan.arm, plan.launcher, plan.params, it->second};
 }
 
 std::string config_id_of(const PlanKey& key) {
@@ -233,6 +233,7 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
               {static_cast<int64_t>(a.scalar_type()), act, m, n, k, has_bias, device_code(a.device())}};
   auto found = find_plan(key);
   if (!found) return std::nullopt;
+  if (found->arm != kKernel) found->answered();  // a torch arm always answers; a kernel once its operands align
   if (found->arm == kTorchFusedRelu) {
     if (!has_bias) {
       at::Tensor y = at::linear(a, w);
@@ -264,8 +265,9 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
   constexpr uintptr_t kAlign = 16;  // TMA descriptors and 128-bit vector loads
   if (!aligned(a.data_ptr(), kAlign) || !aligned(w.data_ptr(), kAlign) ||
       (has_bias && !aligned(bias->data_ptr(), kAlign))) {
-    return std::nullopt;  // Python warns once and serves torch for such calls
+    return std::nullopt;  // Python warns once and serves torch for such calls (and counts them)
   }
+  found->answered();
   const int split = static_cast<int>(found->params[0]), plan_act = static_cast<int>(found->params[1]);
   const int64_t ws_bytes = found->params[2];
   c10::DeviceGuard guard(a.device());
@@ -281,7 +283,7 @@ std::optional<at::Tensor> gemm_hit(const at::Tensor& a, const at::Tensor& w, con
   return out;
 }
 
-// ---------------------------------------------------------------------------------- the int8 scaled GEMMs
+// ---------------------------------------------------------------------------------- the int8 and fp8 scaled GEMMs
 
 // families/scaled_mm/ops.py `_vec_ok`: fp32, 1-D, [1] or [full], on the device, contiguous
 bool vec_ok(const at::Tensor& t, int64_t full, const at::Device& device) {
@@ -298,17 +300,22 @@ int64_t act_quant_bias_code(at::ScalarType t) {
   return -1;
 }
 
-// One hit path for scaled_mm, scaled_mm_quant, scaled_mm_act_quant and scaled_mm_residual. `variant` is what their
-// Python plan key holds beside the shape: the out dtype (scaled_mm, scaled_mm_residual), the activation
-// (scaled_mm_act_quant), nothing (scaled_mm_quant). `extra`: out_scale (quantizing ops) or the residual.
+// One hit path for scaled_mm, scaled_mm_quant, scaled_mm_act_quant and scaled_mm_residual, and for their fp8
+// counterparts (families/scaled_mm_fp8: the same checks with e4m3 operands, an e4m3 quantized output, and an fp32
+// bias on the activation-quantizing op). `variant` is what their Python plan key holds beside the shape: the out
+// dtype (scaled_mm[_fp8], scaled_mm[_fp8]_residual), the activation (scaled_mm[_fp8]_act_quant), nothing
+// (scaled_mm[_fp8]_quant). `extra`: out_scale (quantizing ops) or the residual.
 // Key ints: variant, M, N, K, bias, device. Params: workspace bytes, scale/bias vector alignment in bytes, whether
 // a per-tensor scale_w is expanded to [N] first (the 2.x kernels read it as float4 vectors).
 std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                         const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
                                         const at::Tensor* extra, double alpha, at::ScalarType out_dtype,
                                         int64_t variant, c10::string_view config) {
-  // families/scaled_mm/ops.py `fast_ok` (and residual.py `_fast_ok`, act_quant.py's out_scale check)
-  if (a.scalar_type() != at::kChar || w.scalar_type() != at::kChar || w.dim() != 2 || a.dim() < 1) {
+  // families/scaled_mm/checks.py `fast_ok` (and residual.py `fast_ok`, act_quant.py's out_scale check)
+  const bool fp8 = op == kScaledMmFp8 || op == kScaledMmFp8Quant || op == kScaledMmFp8ActQuant ||
+                   op == kScaledMmFp8Residual;
+  const at::ScalarType element = fp8 ? at::kFloat8_e4m3fn : at::kChar;
+  if (a.scalar_type() != element || w.scalar_type() != element || w.dim() != 2 || a.dim() < 1) {
     return std::nullopt;
   }
   const int64_t n = w.size(0), k = w.size(1);
@@ -317,7 +324,9 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
   if (w.device() != device || !a.is_contiguous() || !w.is_contiguous()) return std::nullopt;
   const int64_t m = a.numel() / k;
   if (m == 0 || !vec_ok(scale_a, m, device) || !vec_ok(scale_w, n, device)) return std::nullopt;
-  const bool quant = op == kScaledMmQuant || op == kScaledMmActQuant;
+  const bool quant = op == kScaledMmQuant || op == kScaledMmActQuant || op == kScaledMmFp8Quant ||
+                     op == kScaledMmFp8ActQuant;
+  const bool residual = op == kScaledMmResidual || op == kScaledMmFp8Residual;
   const bool has_bias = bias.has_value() && bias->defined();
   int64_t bias_code = 0;  // the key's bias field: 0 none, 1 a bias (of the op's one bias dtype), or act-quant's code
   if (has_bias) {
@@ -329,7 +338,7 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
     }
   }
   if (quant && !(vec_ok(*extra, m, device) && out_scale_checked(*extra))) return std::nullopt;
-  if (op == kScaledMmResidual) {
+  if (residual) {
     const at::Tensor& r = *extra;
     if (!r.defined() || r.scalar_type() != out_dtype || r.device() != device || !r.is_contiguous() ||
         r.dim() != a.dim() || r.size(-1) != n ||
@@ -347,20 +356,21 @@ std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Te
   if (found->params[2] && sw.numel() == 1 && n > 1) sw = sw.expand({n}).contiguous();
   if (!aligned(a.data_ptr(), 16) || !aligned(w.data_ptr(), 16) || !aligned(sw.data_ptr(), vec_align) ||
       (has_bias && !aligned(bias->data_ptr(), vec_align)) ||
-      (op == kScaledMmResidual && !aligned(extra->data_ptr(), 16))) {
-    return std::nullopt;  // Python warns once and serves its reference for such calls
+      (residual && !aligned(extra->data_ptr(), 16))) {
+    return std::nullopt;  // Python warns once and serves its reference for such calls (and counts them)
   }
+  found->answered();
   c10::DeviceGuard guard(device);
   c10::SmallVector<int64_t, 6> out_sizes(a.sizes().begin(), a.sizes().end());
   out_sizes.back() = n;
-  at::Tensor out = at::empty(out_sizes, a.options().dtype(quant ? at::kChar : out_dtype));
+  at::Tensor out = at::empty(out_sizes, a.options().dtype(quant ? element : out_dtype));
   at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, a.options().dtype(at::kByte)) : at::Tensor();
   const int sa_per_row = scale_a.numel() != 1 || m == 1, sw_per_col = sw.numel() != 1 || n == 1;
   const void* bias_ptr = has_bias ? bias->data_ptr() : nullptr;
   void* ws_ptr = ws_bytes ? ws.data_ptr() : nullptr;
   void* stream = current_stream(device);
   int rc;
-  if (op == kScaledMmResidual) {
+  if (residual) {
     rc = reinterpret_cast<SmmrLauncher>(found->launcher)(
         a.data_ptr(), w.data_ptr(), scale_a.data_ptr(), sa_per_row, sw.data_ptr(), sw_per_col, bias_ptr,
         extra->data_ptr(), static_cast<float>(alpha), out.data_ptr(), static_cast<int>(m), static_cast<int>(n),
@@ -411,6 +421,7 @@ std::optional<at::Tensor> conv1d_hit(const at::Tensor& x, const at::Tensor& w, c
   PlanKey key{kConv1dDepthwise, std::string(config), std::move(ints)};
   auto found = find_plan(key);
   if (!found || found->arm != kKernel) return std::nullopt;
+  found->answered();
   const auto& p = found->params;  // B, T, C, Kw, act, glu
   const int64_t c = p[2], kw = p[3];
   c10::DeviceGuard guard(x.device());
@@ -466,7 +477,7 @@ std::optional<Tensor3> layer_norm_quant_hit(const at::Tensor& x, const std::opti
   PlanKey key{kLayerNormQuant, std::string(config),
               {static_cast<int64_t>(x.scalar_type()), m, n, w_code, b_code, normalized, scheme_code, eps_bits,
                device_code(device)}};
-  auto found = find_plan(key, /*count=*/false);
+  auto found = find_plan(key);
   if (!found || found->arm != kKernel) return std::nullopt;
   c10::DeviceGuard guard(device);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(scheme_code ? at::kFloat8_e4m3fn : at::kChar));
@@ -485,7 +496,7 @@ std::optional<Tensor3> layer_norm_quant_hit(const at::Tensor& x, const std::opti
     TORCH_CHECK(false, "oasr.layer_norm_quant: kernel ", config_id_of(key), " failed with status ", rc, " on M=", m,
                 " N=", n);
   }
-  count_call(key);
+  found->answered();
   return Tensor3(std::move(q), std::move(scale), std::move(y));
 }
 
@@ -517,6 +528,40 @@ std::optional<at::Tensor> scaled_mm_residual_hit(const at::Tensor& a, const at::
                                                  const at::Tensor& residual, double alpha, at::ScalarType out_dtype,
                                                  c10::string_view config) {
   return scaled_mm_hit(kScaledMmResidual, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
+                       static_cast<int64_t>(out_dtype), config);
+}
+
+std::optional<at::Tensor> scaled_mm_fp8_op_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                               const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                               at::ScalarType out_dtype, c10::string_view config) {
+  return scaled_mm_hit(kScaledMmFp8, a, w, scale_a, scale_w, bias, nullptr, 0.0, out_dtype,
+                       static_cast<int64_t>(out_dtype), config);
+}
+
+std::optional<at::Tensor> scaled_mm_fp8_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
+                                                  const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
+                                                  const at::Tensor& out_scale, c10::string_view config) {
+  return scaled_mm_hit(kScaledMmFp8Quant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat8_e4m3fn, 0,
+                       config);
+}
+
+std::optional<at::Tensor> scaled_mm_fp8_act_quant_hit(const at::Tensor& a, const at::Tensor& w,
+                                                      const at::Tensor& scale_a, const at::Tensor& scale_w,
+                                                      const std::optional<at::Tensor>& bias,
+                                                      const at::Tensor& out_scale, c10::string_view activation,
+                                                      c10::string_view config) {
+  const int act = act_quant_code(activation);
+  if (act < 0) return std::nullopt;
+  return scaled_mm_hit(kScaledMmFp8ActQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat8_e4m3fn, act,
+                       config);
+}
+
+std::optional<at::Tensor> scaled_mm_fp8_residual_hit(const at::Tensor& a, const at::Tensor& w,
+                                                     const at::Tensor& scale_a, const at::Tensor& scale_w,
+                                                     const std::optional<at::Tensor>& bias,
+                                                     const at::Tensor& residual, double alpha,
+                                                     at::ScalarType out_dtype, c10::string_view config) {
+  return scaled_mm_hit(kScaledMmFp8Residual, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
                        static_cast<int64_t>(out_dtype), config);
 }
 
@@ -652,6 +697,13 @@ void register_op(int64_t op, torch::Library& backend_lib, torch::Library& autogr
     case kConv1dDepthwise: return ServedOp<kConv1dDepthwise, &conv1d_hit>::register_in(backend_lib, autograd_lib);
     case kLayerNormQuant:
       return ServedOp<kLayerNormQuant, &layer_norm_quant_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmFp8: return ServedOp<kScaledMmFp8, &scaled_mm_fp8_op_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmFp8Quant:
+      return ServedOp<kScaledMmFp8Quant, &scaled_mm_fp8_quant_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmFp8ActQuant:
+      return ServedOp<kScaledMmFp8ActQuant, &scaled_mm_fp8_act_quant_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmFp8Residual:
+      return ServedOp<kScaledMmFp8Residual, &scaled_mm_fp8_residual_hit>::register_in(backend_lib, autograd_lib);
     default: TORCH_CHECK(false, "oasr_hot: unknown op code ", op);
   }
 }
@@ -710,7 +762,7 @@ void install(int64_t op, c10::string_view config, std::vector<int64_t> ints, int
     }
     TORCH_CHECK(params[op == kGemm ? 2 : 0] >= 0, "oasr_hot.install: negative workspace size");
   }
-  auto plan = std::make_unique<Plan>();
+  auto plan = std::make_shared<Plan>();
   plan->arm = static_cast<Arm>(arm);
   plan->launcher = reinterpret_cast<void*>(static_cast<uintptr_t>(launcher));
   plan->params.assign(params.begin(), params.end());

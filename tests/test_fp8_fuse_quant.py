@@ -191,6 +191,23 @@ def test_untuned_selection_is_a_tile_of_the_lane_not_torch():
     assert parse(sel.config).kernel_schedule != "streamk"
 
 
+def test_a_region_tables_torch_is_served_the_lanes_tile(monkeypatch):
+    """A graph compiled with a symbolic M bakes the signature's region table, ``regions:*=torch`` where the DB has
+    no entry (the family's untuned policy): the fused fc1's plan serves the tile `select_act_quant_config` serves
+    for ``auto``, not torch._scaled_mm + the activation and the quantization in eager ops (found by
+    tests/test_hot_path_coverage.py: every such call went to Python). An explicit ``torch`` keeps the torch arm."""
+    built = []
+    monkeypatch.setattr(act_quant.ops, "_kernel_run",
+                        lambda op, cfg, *args, **kw: built.append((op, cfg.id, kw["variant"])) or (lambda *a: None))
+    monkeypatch.setenv("OASR_ARCH", "sm90")
+    plan = act_quant._make_plan("regions:*=torch", "gelu", 3984, 2048, 512)
+    tile = oasr_ops.families.scaled_mm_fp8.heuristic.heuristic_config(3984, 2048, 512, "sm90")
+    assert (plan.config, plan.tier) == (tile, "heuristic") and tile in SM90.ids()
+    assert built == [("scaled_mm_fp8_quant", tile, "fp8_gelu")]
+    assert act_quant._make_plan("torch", "gelu", 3984, 2048, 512).config == "torch"
+    assert len(built) == 1
+
+
 def test_a_measured_quantizing_tile_is_served_and_baked(tuning_env):
     from torch.fx.experimental.proxy_tensor import make_fx
 

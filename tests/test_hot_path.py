@@ -1,5 +1,5 @@
 """The C++ hot path on the CPU (families/hot_path.py, templates/hot_path.cpp, codegen/host_ext.py): `oasr::gemm`,
-and (the second script) the int8 GEMMs, the depthwise conv and layer_norm_quant.
+and (the second script) the int8 and fp8 GEMMs, the depthwise conv and layer_norm_quant.
 
 The extension is really built (the host compiler against the installed torch, into a JIT directory of the test's
 own) and served at the CPU key, as the GPU serves it at CUDA: its backend and Autograd kernels replace the Python
@@ -628,6 +628,97 @@ with torch.no_grad():
     assert torch.ops.oasr_hot.size() == 0
     twice(ops.scaled_mm.default, a, w, sa, sw, b16, torch.float16, tile)
 
+# the fp8 GEMMs: the int8 ones' hit path with e4m3 operands (the same launcher ABI, an e4m3 quantized output)
+from oasr_ops.families.scaled_mm_fp8 import act_quant as act_quant8, ops as F, residual as residual8
+E4M3 = torch.float8_e4m3fn
+a8 = (torch.randn(2, 9, k) * 8).to(E4M3)
+w8 = (torch.randn(n, k) * 8).to(E4M3)
+tile8 = "t64x128x128_c1x1_pp"
+with torch.no_grad():
+    launches = 0
+    for scale_a, scale_w in ((sa, sw), (sa[:1].clone(), sw[:1].clone())):
+        for bias, out_dtype in ((None, torch.float16), (b16, torch.float16), (b16.bfloat16(), torch.bfloat16)):
+            y, l = twice(ops.scaled_mm_fp8.default, a8, w8, scale_a, scale_w, bias, out_dtype, tile8)
+            launches += 2
+            assert y.shape == (2, 9, n) and y.dtype == out_dtype
+            assert l[0] == a8.data_ptr() and l[1] == w8.data_ptr() and l[2] == scale_a.data_ptr(), l
+            assert l[3] == int(scale_a.numel() != 1) and l[5] == int(scale_w.numel() != 1)
+            assert l[6] == (0 if bias is None else bias.data_ptr()) and l[7] == 0 and l[8] == 0
+            assert l[9:14] == [m, n, k, 1, 64], l
+    for scale in (out_scale, torch.rand(m) + 0.01):
+        for bias in (None, b32):
+            y, l = twice(ops.scaled_mm_fp8_quant.default, a8, w8, sa, sw, bias, scale, tile8, elt=1)
+            launches += 2
+            assert y.dtype == E4M3 and l[7] == scale.data_ptr() and l[8] == int(scale.numel() != 1), l
+            assert l[6] == (0 if bias is None else bias.data_ptr())
+            for act in ("gelu", "silu"):
+                y, l = twice(ops.scaled_mm_fp8_act_quant.default, a8, w8, sa, sw, bias, scale, act, tile8, elt=1)
+                assert y.dtype == E4M3 and y.shape == (2, 9, n) and l[7] == scale.data_ptr(), l
+                assert l[8] == int(scale.numel() != 1)
+    y, l = twice(ops.scaled_mm_fp8_residual.default, a8, w8, sa, sw, b16, res, 0.1, torch.float16, tile8)
+    assert y.dtype == torch.float16 and l[7] == res.data_ptr(), l
+    assert l[8] == struct.unpack("I", struct.pack("f", 0.1))[0], l
+    assert sum(p.calls for p in F.served()) == launches, [(p.config, p.calls) for p in F.served()]
+    assert sum(p.calls for p in residual8.served()) == 2
+
+    # an out_scale zeroed in place after its check: Python reads it again, the error, no launch
+    bad = torch.full((1,), 0.05)
+    twice(ops.scaled_mm_fp8_act_quant.default, a8, w8, sa, sw, b32, bad, "silu", tile8, elt=1)
+    bad.zero_()
+    n0 = rec.rec_smm_calls()
+    for fn, op_args in ((ops.scaled_mm_fp8_quant.default, (a8, w8, sa, sw, b32, bad, tile8)),
+                        (ops.scaled_mm_fp8_act_quant.default, (a8, w8, sa, sw, b32, bad, "silu", tile8))):
+        try:
+            fn(*op_args)
+            raise AssertionError("a zero out_scale was accepted")
+        except ValueError as e:
+            assert "finite and > 0" in str(e), e
+    assert rec.rec_smm_calls() == n0
+
+    # bad calls after the plans exist: the Python path's errors
+    bad_calls = [
+        (ops.scaled_mm_fp8.default, (a8, w8, sa[:5].contiguous(), sw, b16, torch.float16, tile8), "scale_a"),
+        (ops.scaled_mm_fp8.default, (a8, w8, sa, sw, b32, torch.float16, tile8), "bias"),
+        (ops.scaled_mm_fp8.default, (a, w, sa, sw, b16, torch.float16, tile8), "float8_e4m3fn"),
+        (ops.scaled_mm_fp8.default, (a8, w8, sa, sw.double(), b16, torch.float16, tile8), "float32"),
+        (ops.scaled_mm_fp8_quant.default, (a8, w8, sa, sw, b16, out_scale, tile8), "bias"),
+        (ops.scaled_mm_fp8_act_quant.default, (a8, w8, sa, sw, b32, out_scale, "relu", tile8), "activation"),
+        (ops.scaled_mm_fp8_residual.default, (a8, w8, sa, sw, b16, res[:1].contiguous(), 0.1, torch.float16, tile8),
+         "residual"),
+        (ops.scaled_mm_fp8_residual.default, (a8, w8, sa, sw, b16, res, float("inf"), torch.float16, tile8),
+         "alpha"),
+    ]
+    for fn, args, word in bad_calls:
+        try:
+            fn(*args)
+            raise AssertionError(f"accepted: {word}")
+        except ValueError as e:
+            assert word in str(e), (word, str(e))
+
+    # a misaligned operand: Python warns once and serves torch._scaled_mm; no launch, no C++ answer
+    buf8 = (torch.randn(m * k + 1) * 8).to(E4M3)
+    shifted = buf8[1:].view(2, 9, k)
+    n0 = rec.rec_smm_calls()
+    hp.collect_calls()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            y = ops.scaled_mm_fp8.default(shifted, w8, sa, sw, b16.bfloat16(), torch.bfloat16, tile8)
+    assert rec.rec_smm_calls() == n0 and hits() == 0 and any("aligned" in str(x.message) for x in seen)
+    torch.testing.assert_close(y.float(), F.reference_scaled_mm_fp8(shifted, w8, sa, sw, b16.bfloat16(),
+                                                                    torch.bfloat16).float(), rtol=2e-2, atol=1e-2)
+
+    # the torch arm (torch._scaled_mm, Python) is never installed: every call from Python
+    for _ in range(2):
+        y = ops.scaled_mm_fp8.default(a8, w8, sa, sw, b16.bfloat16(), torch.bfloat16, "torch")
+    assert hits() == 0
+
+    # plans are forgotten with the Python ones
+    assert torch.ops.oasr_hot.size() > 0
+    act_quant8.reset_plans()
+    assert torch.ops.oasr_hot.size() == 0
+    twice(ops.scaled_mm_fp8.default, a8, w8, sa, sw, b16, torch.float16, tile8)
+
 # grad mode: the forward runs, the backward raises naming the op
 rg = res.clone().requires_grad_()
 y = ops.scaled_mm_residual.default(a, w, sa, sw, b16, rg, 0.1, torch.float16, tile)
@@ -652,7 +743,9 @@ hp.enable("CPU", ops=("gemm",))
 with torch.no_grad():
     hp.collect_calls()
     y = ops.scaled_mm.default(a, w, sa, sw, b16, torch.float16, tile)
+    y8 = ops.scaled_mm_fp8.default(a8, w8, sa, sw, b16, torch.float16, tile8)
 assert hits() == 0 and torch.equal(y, S.reference_scaled_mm(a, w, sa, sw, b16, torch.float16))  # the CPU reference
+assert torch.equal(y8, F.reference_scaled_mm_fp8(a8, w8, sa, sw, b16, torch.float16))
 hp.disable()
 print("OK")
 '''
@@ -660,7 +753,7 @@ print("OK")
 
 @pytest.mark.slow
 def test_cpp_hot_path_int8_gemms_and_conv_on_cpu(hot_path_jit):
-    """The int8 GEMMs, the depthwise conv and layer_norm_quant through the C++ hot path with recording stub
+    """The int8 and fp8 GEMMs, the depthwise conv and layer_norm_quant through the C++ hot path with recording stub
     launchers: each second call is answered in C++ with the launch the Python path made (every pointer, flag and
     shape; alpha's and eps's fp32 bits), a row the LayerNorm kernel refuses goes to Python's warned reference, an
     out_scale is taken only at a version Python checked, bad calls get the Python errors, misaligned operands its

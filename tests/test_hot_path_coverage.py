@@ -1,9 +1,10 @@
 """A compiled model served without CUDA graphs calls every oasr op through the C++ hot path once warm: no call of the
 fp16 `backend="oasr"` Conformer nor of its int8 form (`fuse_quantization="act"`, `fuse_residual=True`: the act-quant
 GEMM with the model's fp16 bias, the residual GEMM, scaled_mm), nor of the int8 one compiled under Inductor's
-freezing (its per-tensor out_scales are constants then: backend._keep_small_constants_under_freezing), falls back
-to Python after its plan is made — a miss costs a Python call (~10 us of host time, benchmarks/host_overhead.py)
-where serving is host-bound. On the CPU: the real compile, fusion passes and C++ hot path at the CPU key, the
+freezing (its per-tensor out_scales are constants then: backend._keep_small_constants_under_freezing), nor of its
+fp8 form (`fuse_quantization=True`, `fuse_residual=True`: the fp8 GEMMs, the fused fc1, the residual GEMM, the
+LayerNorms' e4m3 quantization), falls back to Python after its plan is made — a miss costs a Python call (~10 us
+of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU: the real compile, fusion passes and C++ hot path at the CPU key, the
 kernel library replaced by benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered
 each call is counted). In a subprocess: the stubs replace module globals."""
 from __future__ import annotations
@@ -34,6 +35,9 @@ calib = [example_inputs(2, 300, seed=1, with_lengths=True), example_inputs(1, 20
 q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8",
                        filter_fn=oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0]))
 oasr_ops.calibrate(q, calib)  # on the CPU reference path, before the stubs
+q8 = oasr_ops.quantize_(copy.deepcopy(model), "fp8_w8a8",
+                        filter_fn=oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0]))
+oasr_ops.calibrate(q8, calib)
 H._install_stubs(H._stub_library(Path(tempfile.mkdtemp())))
 be._any_cuda = lambda inputs: True  # as for CUDA inputs
 hp.enable("CPU")
@@ -64,8 +68,11 @@ def calls_per_op():
 want_ops = {"fp16-oasr": {"gemm", "conv1d_depthwise"},
             "int8": {"scaled_mm", "scaled_mm_act_quant", "scaled_mm_residual", "conv1d_depthwise"}}
 want_ops["int8-frozen"] = want_ops["int8"] | {"gemm"}
+want_ops["fp8"] = {"scaled_mm_fp8", "scaled_mm_fp8_act_quant", "scaled_mm_fp8_residual", "layer_norm_quant",
+                   "conv1d_depthwise"}
 INT8 = {"fuse_quantization": "act", "fuse_residual": True}
-for name, m, opts in (("fp16-oasr", model, {}), ("int8", q, INT8), ("int8-frozen", q, INT8)):
+FP8 = {"fuse_quantization": True, "fuse_residual": True}
+for name, m, opts in (("fp16-oasr", model, {}), ("int8", q, INT8), ("int8-frozen", q, INT8), ("fp8", q8, FP8)):
     torch.compiler.reset()
     # freezing is read while Dynamo traces: every (re)compile of the frozen variant happens under the flag
     with torch.no_grad(), torch._inductor.config.patch(freezing=name.endswith("frozen")):

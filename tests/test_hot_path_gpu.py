@@ -1,5 +1,5 @@
 """The C++ hot path on the GPU (families/hot_path.py, templates/hot_path.cpp; run: `pytest -m gpu`): oasr::gemm, and
-(the end of this file) the int8 GEMMs, the depthwise conv and layer_norm_quant.
+(the end of this file) the int8 and fp8 GEMMs, the depthwise conv and layer_norm_quant.
 
 Every call answered in C++ must equal the Python path's answer bit for bit (the same plan: the same kernel or the
 same aten calls), on fresh random inputs with the output poisoned with NaN first, for the torch arm, the fused
@@ -424,6 +424,127 @@ def test_int8_and_conv_capture_and_out_scale_checks(hot_all):
         out_scale.zero_()
         with pytest.raises(ValueError, match="finite and > 0"):
             o.scaled_mm_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the fp8 GEMMs (session 38): the int8 ops' hit path with e4m3 operands
+
+FP8_VARIANTS = ("fp16", "bf16", "fp8", "fp8_gelu", "fp8_silu", "fp16_res", "bf16_res")
+
+
+@pytest.fixture(scope="module")
+def fp8_tile():
+    """The fp8 lane's default tile (3.x: it has the activation and residual epilogues) in every variant launched
+    here, built in parallel first."""
+    import os
+
+    from oasr_ops.codegen.jit import JitSpec, build_many
+    from oasr_ops.runtime.arch import current_arch_family
+    from oasr_ops.runtime.registry import native_lane
+
+    arch = current_arch_family()
+    lane = native_lane(arch, "scaled_mm_fp8")
+    if lane is None or lane.default.generation != "3x":
+        pytest.skip(f"no fp8 lane with the fused epilogues on {arch}")
+    report = build_many([JitSpec.for_kernel(lane, lane.default, v, arch) for v in FP8_VARIANTS],
+                        jobs=os.cpu_count(), progress=False)
+    assert not report.failed, report.failed
+    return lane.default.id
+
+
+@pytest.fixture()
+def hot_fp8(fp8_tile):
+    from oasr_ops.families import hot_path
+
+    hot_path.disable()
+    hot_path.clear()
+    hot_path.enable("CUDA")
+    yield fp8_tile
+    hot_path.disable()
+    hot_path.clear()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as its bit pattern (torch.equal has no e4m3 kernel)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def test_fp8_gemms_cpp_answers_equal_python(hot_fp8):
+    """scaled_mm_fp8 (fp16/bf16 out), scaled_mm_fp8_quant and scaled_mm_fp8_act_quant (out_scale per tensor / per
+    row), scaled_mm_fp8_residual: per-token and per-tensor scales, with and without bias, odd M, 2-D and 3-D; each
+    C++ answer equals the Python path's bit for bit and is within the kernels' tolerance of the float64 reference."""
+    from oasr_ops.families import hot_path
+    from oasr_ops.families.scaled_mm_fp8 import act_quant, ops as F, residual
+
+    tile = hot_fp8
+    e4m3 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(3)
+    o = torch.ops.oasr
+    checked = answered = 0
+    with torch.no_grad():
+        for n, k in INT8_NKS:
+            for m in INT8_MS:
+                for per_token in (True, False):
+                    a = (torch.randn((m, k) if m % 2 else (1, m, k), generator=g) * 16).to(e4m3).cuda()
+                    w = (torch.randn(n, k, generator=g) * 16).to(e4m3).cuda()
+                    sa = (torch.rand(m if per_token else 1, generator=g) + 0.5).div(16).cuda()
+                    sw = (torch.rand(n if per_token else 1, generator=g) + 0.5).div(16 * k**0.5).cuda()
+                    out_shape = (*a.shape[:-1], n)
+                    for with_bias in (False, True):
+                        cases = []
+                        for dt in (torch.float16, torch.bfloat16):
+                            b = torch.randn(n, generator=g).to(dt).cuda() if with_bias else None
+                            cases.append((o.scaled_mm_fp8.default, (a, w, sa, sw, b, dt, tile), dt,
+                                          F.reference_scaled_mm_fp8(a, w, sa, sw, b, dt)))
+                            res = torch.randn(*out_shape, generator=g).to(dt).cuda()
+                            cases.append((o.scaled_mm_fp8_residual.default, (a, w, sa, sw, b, res, 0.7, dt, tile),
+                                          dt, residual.reference_scaled_mm_fp8_residual(a, w, sa, sw, b, res, 0.7,
+                                                                                         dt)))
+                        b32 = torch.randn(n, generator=g).cuda() if with_bias else None
+                        per_row = (torch.rand(m, generator=g) + 1).div(100).cuda()
+                        for out_scale in (torch.full((1,), 1 / 64).cuda(), per_row):
+                            cases.append((o.scaled_mm_fp8_quant.default, (a, w, sa, sw, b32, out_scale, tile), e4m3,
+                                          F.reference_scaled_mm_fp8_quant(a, w, sa, sw, b32, out_scale)))
+                            for act in ("gelu", "silu"):
+                                cases.append((o.scaled_mm_fp8_act_quant.default,
+                                              (a, w, sa, sw, b32, out_scale, act, tile), e4m3,
+                                              act_quant.reference_scaled_mm_fp8_act_quant(a, w, sa, sw, b32,
+                                                                                          out_scale, act)))
+                        for fn, args, dt, ref in cases:
+                            first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)
+                            where = (fn.__name__, m, n, k, per_token, with_bias)
+                            assert torch.equal(_bits(second), _bits(python)), where
+                            assert torch.equal(_bits(first), _bits(python)), where
+                            # e4m3 outputs: one e4m3 step (2^-3 relative) plus the act epilogue's tanh.approx;
+                            # 16-bit outputs: the fp32 accumulation and the output rounding
+                            tol = dict(rtol=0.13, atol=0.05) if dt == e4m3 else dict(rtol=1e-2, atol=1e-2)
+                            torch.testing.assert_close(second.float(), ref.float(), msg=str(where), **tol)
+                            answered += hits
+                            checked += 1
+    assert answered == checked, (answered, checked)  # every second call was the C++ table's
+
+
+def test_fp8_capture_and_out_scale_checks(hot_fp8):
+    """The fused fc1 and the residual GEMM answered in C++ inside a CUDA graph captured on a side stream; an
+    out_scale zeroed in place afterwards is read again and refused, never launched with."""
+    tile = hot_fp8
+    e4m3 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(4)
+    o = torch.ops.oasr
+    a = (torch.randn(64, 512, generator=g) * 16).to(e4m3).cuda()
+    w = (torch.randn(512, 512, generator=g) * 16).to(e4m3).cuda()
+    sa, sw = torch.full((64,), 1 / 16, device="cuda"), torch.full((512,), 1 / 16 / 512**0.5, device="cuda")
+    out_scale = torch.full((1,), 1 / 64, device="cuda")
+    res = torch.randn(64, 512, generator=g).half().cuda()
+    run = lambda: (o.scaled_mm_fp8_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile),  # noqa: E731
+                   o.scaled_mm_fp8_residual.default(a, w, sa, sw, None, res, 1.0, torch.float16, tile))
+    with torch.no_grad():
+        eager, captured = _eager_and_captured(run)
+        for e, c in zip(eager, captured):
+            assert torch.equal(_bits(e), _bits(c))
+        out_scale.zero_()
+        with pytest.raises(ValueError, match="finite and > 0"):
+            o.scaled_mm_fp8_act_quant.default(a, w, sa, sw, None, out_scale, "silu", tile)
 
 
 # ------------------------------------------------------------------------------------------------------------------

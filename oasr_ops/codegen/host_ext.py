@@ -28,7 +28,7 @@ from ..paths import templates_dir
 from .cache_trust import BuildError, LoadError, _check_dir, _verify
 from .jit import CompiledLibrary, content_key, on_demand_builds_allowed
 
-HOT_PATH_ABI_VERSION = 3  # templates/hot_path.cpp kAbiVersion
+HOT_PATH_ABI_VERSION = 4  # templates/hot_path.cpp kAbiVersion
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,17 +12,20 @@ Python has not checked at its current version) goes to the Python implementation
 `oasr::_<op>_py`, so errors, warnings and fallbacks are exactly the Python path's.
 
 Served ops (`OPS`): gemm, scaled_mm, scaled_mm_quant, scaled_mm_act_quant, scaled_mm_residual, conv1d_depthwise,
-layer_norm_quant.
+layer_norm_quant, and the fp8 family's scaled_mm_fp8, scaled_mm_fp8_quant, scaled_mm_fp8_act_quant,
+scaled_mm_fp8_residual (the int8 ops' keys, params and launchers with e4m3 operands; their torch arm,
+torch._scaled_mm, stays in Python).
 What each tells the table (`install`): the integers its Python plan key holds besides the config, in the order
 the C++ hit path builds them, and the launch constants of its plan (`run.native` = (arm, launcher, params)):
 
   gemm                ints (dtype, activation code, M, N, K, bias, device); params (split, activation, workspace)
                       — arms: torch, torch with cuBLASLt's fused ReLU, kernel
-  scaled_mm*          ints (variant, M, N, K, bias, device), variant = the out dtype (scaled_mm,
-                      scaled_mm_residual), the activation code (scaled_mm_act_quant: gelu 2, silu 3), 0
-                      (scaled_mm_quant); bias = 0 or 1, for scaled_mm_act_quant 0 or its element's code (fp32 1,
-                      fp16 2, bf16 3); params (workspace, scale/bias vector alignment, expand a per-tensor
-                      scale_w) — kernels only (the torch arms are Python reference code and stay there)
+  scaled_mm*          ints (variant, M, N, K, bias, device), variant = the out dtype (scaled_mm[_fp8],
+                      scaled_mm[_fp8]_residual), the activation code (scaled_mm[_fp8]_act_quant: gelu 2, silu 3),
+                      0 (scaled_mm[_fp8]_quant); bias = 0 or 1, for the int8 scaled_mm_act_quant 0 or its
+                      element's code (fp32 1, fp16 2, bf16 3); params (workspace, scale/bias vector alignment,
+                      expand a per-tensor scale_w) — kernels only (the int8 torch arms are Python reference code,
+                      the fp8 ones torch._scaled_mm with Python epilogues: they stay there)
   conv1d_depthwise    ints (x dtype, w dtype, bias: -1 or (dtype, rank, sizes, device), x rank and sizes, w rank
                       and sizes, padding, layout code, activation code, glu, x device, w device); params (B, T, C,
                       Kw, activation, glu) — kernels only
@@ -56,7 +59,8 @@ ENV = "OASR_CPP_HOT_PATH"
 ARM_TORCH, ARM_TORCH_FUSED_RELU, ARM_KERNEL = 0, 1, 2
 ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 OPS = {"gemm": 0, "scaled_mm": 1, "scaled_mm_quant": 2, "scaled_mm_act_quant": 3, "scaled_mm_residual": 4,
-       "conv1d_depthwise": 5, "layer_norm_quant": 6}  # templates/hot_path.cpp `Op`
+       "conv1d_depthwise": 5, "layer_norm_quant": 6, "scaled_mm_fp8": 7, "scaled_mm_fp8_quant": 8,
+       "scaled_mm_fp8_act_quant": 9, "scaled_mm_fp8_residual": 10}  # templates/hot_path.cpp `Op`
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 
 _LOCK = threading.RLock()

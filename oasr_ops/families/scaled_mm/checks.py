@@ -102,13 +102,15 @@ def _vec_ok(t: torch.Tensor, full: int, device: torch.device) -> bool:
             and t.is_contiguous())
 
 
-def fast_ok(a, w, scale_a, scale_w, bias, bias_dtype: torch.dtype, m: int, n: int) -> bool:
+def fast_ok(a, w, scale_a, scale_w, bias, bias_dtype: torch.dtype, m: int, n: int,
+            element: torch.dtype = torch.int8) -> bool:
     """The cheap subset of `_check` + `_check_layout` that, with a plan already made for the call key (op, config,
     out dtype, M, N, K, bias or not, device, DB epoch: N and K alignment, the out dtype and the config passed the full
     checks once), implies all of them — the family's CUDA hot path (docs/architecture.md, "How to add a kernel
-    family", step 4). False sends the call through the full checks, which raise the precise error."""
+    family", step 4). False sends the call through the full checks, which raise the precise error. `element`: the
+    operands' dtype (the fp8 family's checks are these with float8_e4m3fn, scaled_mm_fp8/reference.py)."""
     dev = a.device
-    return (a.dtype is torch.int8 and w.dtype is torch.int8 and w.device == dev and a.is_contiguous()
+    return (a.dtype is element and w.dtype is element and w.device == dev and a.is_contiguous()
             and w.is_contiguous() and a.shape[-1] == w.shape[1] and _vec_ok(scale_a, m, dev)
             and _vec_ok(scale_w, n, dev)
             and (bias is None or (bias.dtype is bias_dtype and bias.dim() == 1 and bias.shape[0] == n

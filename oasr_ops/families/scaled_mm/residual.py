@@ -156,9 +156,11 @@ def alpha_ok(alpha) -> bool:
             and abs(alpha) <= _FP32_MAX)
 
 
-def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n: int) -> bool:
-    """With a plan made for the call key, what the key does not fix (`checks.fast_ok`, plus the residual and alpha)."""
-    return (checks.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n) and residual.dtype is out_dtype
+def fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n: int,
+            element: torch.dtype = torch.int8) -> bool:
+    """With a plan made for the call key, what the key does not fix (`checks.fast_ok`, plus the residual and alpha;
+    `element`: the operands' dtype, shared with the fp8 family's residual op)."""
+    return (checks.fast_ok(a, w, scale_a, scale_w, bias, out_dtype, m, n, element) and residual.dtype is out_dtype
             and residual.device == a.device and residual.is_contiguous() and residual.dim() == a.dim()
             and residual.shape[-1] == n and residual.shape[:-1] == a.shape[:-1] and alpha_ok(alpha))
 
@@ -166,7 +168,7 @@ def _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, m: int, n
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
     key = ops.plan_key(OP, a, w, bias, config, out_dtype)
     plan = None if key is None else _PLANS.plans.get(key)
-    if plan is None or not _fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, key[3], key[4]):
+    if plan is None or not fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, key[3], key[4]):
         _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
         _check_layout(a, w, scale_a, scale_w, bias, residual)
         n, k = w.shape

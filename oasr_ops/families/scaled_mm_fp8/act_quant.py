@@ -34,7 +34,8 @@ from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation, epilogue_fma_fp
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
 from ..scaled_mm.out_scale import check_out_scale
 from ...runtime import select as _select
-from ...runtime.plans import PlanCache, make_plan
+from ...configs import parse as parse_config
+from ...runtime.plans import Plan, PlanCache, make_plan
 from ...runtime.registry import native_lane
 from . import ops
 from .heuristic import heuristic_config
@@ -125,27 +126,47 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
         return ops._kernel_run(DB_OP, cfg, None, m, n, k, arch, sig, variant=f"fp8_{activation}",
                                fallback=torch_run("torch"))
 
-    return make_plan(ops.FAMILY, config, m, n, k, arch, sig,
+    plan = make_plan(ops.FAMILY, config, m, n, k, arch, sig,
                      select=lambda: select_act_quant_config(n, k, m, arch),
                      torch_run=torch_run, kernel_run=kernel_run)
+    lane = _act_lane(arch)
+    if plan.config == "torch" and config != "torch" and lane is not None:
+        # a region table's torch (what a graph compiled with a symbolic M bakes for a signature without an entry:
+        # the family's untuned policy): the tile `select_act_quant_config` serves, as for `auto`. Running the torch
+        # path here would be torch._scaled_mm with an fp32 output, then the activation and the quantization in
+        # eager ops: slower than not fusing
+        tile = heuristic_config(max(int(m), 1), n, k, arch, lane)
+        run = kernel_run(parse_config(tile))
+        if run is not None:
+            return Plan(tile, "heuristic", sig, run)
+    return plan
 
 
 def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):
-    _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
-    _layout(a, w, scale_a, scale_w, bias, out_scale)
-    check_out_scale(out_scale, OP)
-    n, k = w.shape
-    m = rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=FP8)
-    key = (config, activation, m, n, k, bias is not None, a.device, ops._epoch())
-    plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+    # the plan first; on a hit only what its key (config, activation, shape, bias or not, DB epoch) does not fix is
+    # checked, as in the int8 family's act_quant.py
+    key = ops.plan_key(OP, a, w, bias, config, activation)
+    plan = None if key is None else _PLANS.plans.get(key)
+    if plan is None or not (ops.fast_ok(a, w, scale_a, scale_w, bias, torch.float32, key[3], key[4], element=FP8)
+                            and ops.vec_ok(out_scale, key[3], a.device)):
+        _check(a, w, scale_a, scale_w, bias, out_scale, activation, config)
+        _layout(a, w, scale_a, scale_w, bias, out_scale)
+        check_out_scale(out_scale, OP)
+        n, k = w.shape
+        m = rows(a, k)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n), dtype=FP8)
+        if plan is None:
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, activation, m, n, k))
+    checked = check_out_scale(out_scale, OP)
     plan.calls += 1
+    if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        ops.hot_install(OP, config, ops._hot.ACTIVATION_CODES[activation], key, plan, out_scale if checked else None)
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
-reset_plans = _PLANS.clear
+_, reset_plans = ops._hot.plan_cache_functions(_PLANS)
 
 
 def scaled_mm_fp8_act_quant(a, w, scale_a, scale_w, out_scale, activation: str, bias=None, config: str = "auto"):

@@ -44,8 +44,12 @@ from ...runtime.registry import lane_of, native_lane
 from ...runtime.select import Selection
 from .heuristic import heuristic_config, heuristic_ids  # noqa: F401  (re-exported)
 from .kernels import get_kernel, production_configs  # noqa: F401
+from .. import hot_path as _hot
 from ..scaled_mm.checks import _check_layout as check_layout
-from ..scaled_mm.ops import out_scale_args  # the shared C launcher's out_scale arguments
+from ..scaled_mm.checks import _vec_ok as vec_ok
+from ..scaled_mm.checks import fast_ok
+# the shared C launcher's out_scale arguments; the int8 family's plan keys and hot-path installs, which these ops share
+from ..scaled_mm.ops import hot_install, out_scale_args, plan_key
 from ..scaled_mm.out_scale import check_out_scale
 from .reference import (FP8, K_ALIGN, N_ALIGN, OUT_DTYPES, check, epilogue_fp32,
                         quantize_per_token_fp8, reference_scaled_mm_fp8, reference_scaled_mm_fp8_quant, rows,
@@ -261,6 +265,9 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
         if rc != 0:
             raise RuntimeError(f"oasr.{op}: kernel {cfg.id} failed with status {rc} on M={m} N={n} K={k}")
         return out
+    # what the C++ hot path replays (families/hot_path.py): the residual variant's launcher takes alpha as a float
+    launcher = kern.handle.oasr_smmr_run if op == "scaled_mm_fp8_residual" else kern.handle.oasr_smm_run
+    run_kernel.native = _hot.native_kernel(launcher, ws_bytes, vec_align, two_x)
     return run_kernel
 
 
@@ -296,20 +303,30 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
 
 
 def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):
-    check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
-    _layout(op, a, w, scale_a, scale_w, bias, out_scale)
-    if out_scale is not None:
-        check_out_scale(out_scale, op)
-    n, k = w.shape
-    m = rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm_fp8" else FP8)
-    key = (op, config, out_dtype, m, n, k, bias is not None, a.device, _epoch())
-    plan = _plans.get(key)
-    if plan is None:
-        check_config_arg(config, op)
-        plan = _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
+    """Both ops' CUDA implementation, as the int8 family's (scaled_mm/ops.py `_cuda`): the plan of (op, config,
+    shape, DB epoch) looked up first; on a hit only what its key does not fix is checked (`fast_ok`), else every
+    check; then the launch, and the plan offered to the C++ hot path (families/hot_path.py) while it is on."""
+    key = plan_key(op, a, w, bias, config, out_dtype)
+    plan = None if key is None else _plans.get(key)
+    quant = op == "scaled_mm_fp8_quant"
+    if plan is None or not (fast_ok(a, w, scale_a, scale_w, bias, torch.float32 if quant else out_dtype, key[3],
+                                    key[4], element=FP8) and (not quant or vec_ok(out_scale, key[3], a.device))):
+        check(op, a, w, scale_a, scale_w, bias, out_dtype=out_dtype, out_scale=out_scale)
+        _layout(op, a, w, scale_a, scale_w, bias, out_scale)
+        if out_scale is not None:
+            check_out_scale(out_scale, op)
+        n, k = w.shape
+        m = rows(a, k)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n), dtype=out_dtype if op == "scaled_mm_fp8" else FP8)
+        if plan is None:
+            check_config_arg(config, op)
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(op, config, out_dtype, m, n, k))
+    checked = out_scale is not None and check_out_scale(out_scale, op)
     plan.calls += 1
+    if _hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        hot_install(op, config, _hot.dtype_code(out_dtype) if op == "scaled_mm_fp8" else 0, key, plan,
+                    out_scale if checked else None)
     return plan.run(a, w, scale_a, scale_w, bias, out_scale)
 
 
@@ -326,8 +343,7 @@ register_inference_op(_lib, "scaled_mm_fp8", cpu=_scaled_mm_fp8_cpu, cuda=_scale
 register_inference_op(_lib, "scaled_mm_fp8_quant", cpu=_scaled_mm_fp8_quant_cpu, cuda=_scaled_mm_fp8_quant_cuda,
                       fake=_scaled_mm_fp8_quant_fake)
 
-served = _PLANS.served
-reset_plans = _PLANS.clear
+served, reset_plans = _hot.plan_cache_functions(_PLANS)
 
 
 # ----------------------------------------------------------------------------------------------------------

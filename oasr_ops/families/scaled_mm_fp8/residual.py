@@ -30,13 +30,13 @@ from __future__ import annotations
 import torch
 
 from ..autograd import register_inference_op
-from ..scaled_mm.residual import add_residual, check_residual, residual_args
+from ..scaled_mm.residual import add_residual, check_residual, fast_ok, residual_args
 from ...configs import SENTINELS, parse
 from ...runtime import select as _select
 from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
 from . import ops
 from .heuristic import heuristic_config
-from .reference import acc64, check, epilogue_fp32, rows
+from .reference import FP8, acc64, check, epilogue_fp32, rows
 
 OP = "scaled_mm_fp8_residual"
 DB_OP = "scaled_mm_fp8"  # the tiles, the DB op and the signature of the plain fp8 GEMM
@@ -134,21 +134,27 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
 
 
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
-    _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
-    _layout(a, w, scale_a, scale_w, bias, residual)
-    n, k = w.shape
-    m = rows(a, k)
-    if m == 0:
-        return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
-    key = (config, out_dtype, m, n, k, bias is not None, a.device, ops._epoch())
-    plan = _PLANS.get_or_make(key, lambda: _make_plan(config, out_dtype, m, n, k))
+    # the plan first; on a hit only what its key does not fix is checked, as in the int8 family's residual.py
+    key = ops.plan_key(OP, a, w, bias, config, out_dtype)
+    plan = None if key is None else _PLANS.plans.get(key)
+    if plan is None or not fast_ok(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, key[3], key[4],
+                                   element=FP8):
+        _check(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config)
+        _layout(a, w, scale_a, scale_w, bias, residual)
+        n, k = w.shape
+        m = rows(a, k)
+        if m == 0:
+            return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
+        if plan is None:
+            plan = _PLANS.get_or_make(key, lambda: _make_plan(config, out_dtype, m, n, k))
     plan.calls += 1
+    if ops._hot.installing:  # the C++ hot path missed this call: let it answer the next one of this key
+        ops.hot_install(OP, config, ops._hot.dtype_code(out_dtype), key, plan)
     return plan.run(a, w, scale_a, scale_w, bias, (residual, float(alpha)))
 
 
 register_inference_op(_lib, OP, cpu=_cpu, cuda=_cuda, fake=_fake)
-reset_plans = _PLANS.clear
-served = _PLANS.served
+served, reset_plans = ops._hot.plan_cache_functions(_PLANS)
 
 
 def scaled_mm_fp8_residual(a, w, scale_a, scale_w, residual, alpha: float = 1.0, bias=None,
