@@ -17,6 +17,8 @@ window, so only the batch size varies, and its error counts every output positio
               -> backend="oasr" with fuse_quantization="act", fuse_residual=True (the e2e int8 recipe, docs/guide.md)
   int8-ln     the same quantized weights with fuse_quantization=True: the LayerNorms feeding a quantized GEMM become
               `oasr::layer_norm_quant` calls (with "act" Inductor fuses their quantization into its own kernel)
+  fp8, fp8-ln the int8 and int8-ln recipes with `quantize_(fp8_w8a8)` (e4m3: the fp8 GEMMs, the fused fc1 and the
+              residual GEMM; on the C++ hot path since session 38)
   <base>-graph-regions  (fp16-oasr-graph-regions, int8-graph-regions) the base variant compiled with
               options={"eager_regions": False}: the tuning DB's graph regions also without CUDA graphs (by default
               the backend bakes the entries' regions_eager there: tune/serving_regions.py) — the A/B of that rule
@@ -30,8 +32,8 @@ window, so only the batch size varies, and its error counts every output positio
               of weights (the BatchNorm folds, the act-quant GEMMs' fp32 bias casts, sibling weight concatenations)
               are folded at compile time instead of launching kernels on every call; the parameters must not change
               afterwards. fp16-frz is the baseline for a frozen variant: Inductor with freezing too
-  <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with the
-              C++ hot path (gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) on
+  <base>-cpp  (fp16-oasr-cpp, int8-cpp, fp8-cpp, fp16-oasr-floor<F>-cpp) the base variant's compiled function with
+              the C++ hot path (gemm, the int8 and fp8 GEMMs, the depthwise conv, layer_norm_quant) on
               (`oasr_ops.enable_cpp_hot_path()`, docs/architecture.md), switched on around each of its passes; a base
               named only through its -cpp variant is compiled but not timed.
   <base>-cpp-nolnq  the same with every op but layer_norm_quant in C++ (its A/B: served in C++ since session 18).
@@ -469,18 +471,20 @@ def main() -> int:
         variants["fp16"] = (copy.deepcopy(model), "inductor", {})
     if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
-    if "int8" in wanted or "int8-ln" in wanted:
+    for scheme, prefix in (("int8_w8a8", "int8"), ("fp8_w8a8", "fp8")):
+        if prefix not in wanted and f"{prefix}-ln" not in wanted:
+            continue
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
         calib = [iface.inputs(r, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
-        q = oasr_ops.quantize_(copy.deepcopy(model), "int8_w8a8", filter_fn=flt)
+        q = oasr_ops.quantize_(copy.deepcopy(model), scheme, filter_fn=flt)
         oasr_ops.calibrate(q, calib)
-        if "int8" in wanted:
-            variants["int8"] = (copy.deepcopy(q), oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
+        if prefix in wanted:
+            variants[prefix] = (copy.deepcopy(q), oasr_backend, {"fuse_quantization": "act", "fuse_residual": True,
                                                                  "cpp_hot_path": False})
-        if "int8-ln" in wanted:
-            variants["int8-ln"] = (copy.deepcopy(q), oasr_backend, {"fuse_quantization": True, "fuse_residual": True,
-                                                                    "cpp_hot_path": False})
+        if f"{prefix}-ln" in wanted:
+            variants[f"{prefix}-ln"] = (copy.deepcopy(q), oasr_backend,
+                                        {"fuse_quantization": True, "fuse_residual": True, "cpp_hot_path": False})
     tiers: dict = {}
     for name in sorted(wanted):
         if name.startswith("fp16-oasr-floor") and not name.endswith("-cpp"):

@@ -183,6 +183,9 @@ STEPS=(
     "hot-path-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_hot_path_gpu.py"
     # the fp8 GEMMs' C++ hot path (session 38): its GPU tests alone
     "hot-path-fp8-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_hot_path_gpu.py -k fp8"
+    # an fp8 Conformer M served without CUDA graphs: the Python fp8 ops vs their C++ hot path (session 38), every
+    # fp8 data-parallel tile's SiLU act-quant kernel prebuilt (dynamic M reaches many tiles), fp16 Inductor the baseline
+    "serving-fp8|python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts '' --lnq auto --fp8-acts silu:all --fp8-fp16 --fp8-residual --production gemm,conv1d,conv2d_activation | grep -v '^  reused' && OASR_JIT_BUILD=off OASR_TUNE_USER_DB=off python3 benchmarks/e2e_serving.py --mode default --requests 12 --rounds 3 --variants fp16,fp16-oasr-cpp,fp8,fp8-cpp --out \$OUT/e2e_serving_fp8.json"
     "prebuild-serving-int8|for f in scaled_mm gemm conv1d bmm conv2d_activation; do OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family \$f --dtypes fp16 --jobs 16 --quiet || exit 1; done && python3 benchmarks/prebuild_fusion_kernels.py --jobs 16 --acts silu --lnq auto --int8-fp16 --residual --production conv1d,conv2d_activation"
     "hot-path-suites|OASR_CPP_HOT_PATH=1 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_gpu.py tests/test_scaled_mm_quant_exact_gpu.py tests/test_scaled_mm_residual_gpu.py tests/test_quant_fusion_gpu.py tests/test_conv1d_gpu.py tests/test_conv_module_gpu.py"
     "serving-cpp|OASR_JIT_BUILD=off OASR_TUNE_USER_DB=off python3 benchmarks/e2e_serving.py --mode default --requests 12 --rounds 3 --variants fp16,fp16-oasr,fp16-oasr-cpp,int8,int8-cpp --out \$OUT/e2e_serving_cpp.json"

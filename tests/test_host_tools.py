@@ -51,17 +51,19 @@ def test_e2e_serving_cpu_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_e2e_serving_cpu_smoke_fixed_window(tmp_path):
-    """The Whisper-style interface: (mel,) padded to the fixed window, every output position compared."""
+    """The Whisper-style interface: (mel,) padded to the fixed window, every output position compared; the int8
+    and fp8 recipes (fp8: e4m3's format error, ~2-5e-2 on these encoders)."""
     out = tmp_path / "serving_whisper.json"
     r = _run("benchmarks/e2e_serving.py", "--device", "cpu", "--model", "examples.whisper:build_model",
-             "--model-args", "size=tiny,num_layers=1", "--variants", "fp16-oasr,int8-ln", "--requests", "2",
+             "--model-args", "size=tiny,num_layers=1", "--variants", "fp16-oasr,int8-ln,fp8", "--requests", "2",
              "--batches", "1,2", "--max-s", "2.5", "--calib", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "the fixed window: 3000 frames" in r.stdout
     res = json.loads(out.read_text())
-    assert set(res["graphs"]) == {"fp16-oasr", "int8-ln"}
+    assert set(res["graphs"]) == {"fp16-oasr", "int8-ln", "fp8"}
     assert all(len(v) == 2 for v in res["rel_err"].values())
     assert res["worst_rel_err"]["fp16-oasr"] < 1e-2 and res["worst_rel_err"]["int8-ln"] < 2e-2
+    assert res["worst_rel_err"]["fp8"] < 6e-2
 
 
 @pytest.mark.slow
