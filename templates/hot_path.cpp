@@ -304,7 +304,8 @@ int64_t act_quant_bias_code(at::ScalarType t) {
 // counterparts (families/scaled_mm_fp8: the same checks with e4m3 operands, an e4m3 quantized output, and an fp32
 // bias on the activation-quantizing op). `variant` is what their Python plan key holds beside the shape: the out
 // dtype (scaled_mm[_fp8], scaled_mm[_fp8]_residual), the activation (scaled_mm[_fp8]_act_quant), nothing
-// (scaled_mm[_fp8]_quant). `extra`: out_scale (quantizing ops) or the residual.
+// (scaled_mm[_fp8]_quant). `extra`: out_scale (quantizing ops) or the residual. `out_dtype`: the 16-bit output's
+// dtype (a quantizing op writes its operands' dtype and ignores it).
 // Key ints: variant, M, N, K, bias, device. Params: workspace bytes, scale/bias vector alignment in bytes, whether
 // a per-tensor scale_w is expanded to [N] first (the 2.x kernels read it as float4 vectors).
 std::optional<at::Tensor> scaled_mm_hit(Op op, const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
@@ -500,68 +501,39 @@ std::optional<Tensor3> layer_norm_quant_hit(const at::Tensor& x, const std::opti
   return Tensor3(std::move(q), std::move(scale), std::move(y));
 }
 
-// Each op's hit path with the op's schema (the argument types torch passes a kernel of it).
+// Each op's hit path with the op's schema (the argument types torch passes a kernel of it), one template per schema:
+// kOp is the int8 op or its fp8 counterpart. (A quantizing op's output dtype is its operands', in scaled_mm_hit.)
+template <Op kOp>
 std::optional<at::Tensor> scaled_mm_op_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                            const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
                                            at::ScalarType out_dtype, c10::string_view config) {
-  return scaled_mm_hit(kScaledMm, a, w, scale_a, scale_w, bias, nullptr, 0.0, out_dtype,
-                       static_cast<int64_t>(out_dtype), config);
+  return scaled_mm_hit(kOp, a, w, scale_a, scale_w, bias, nullptr, 0.0, out_dtype, static_cast<int64_t>(out_dtype),
+                       config);
 }
 
+template <Op kOp>
 std::optional<at::Tensor> scaled_mm_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                               const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
                                               const at::Tensor& out_scale, c10::string_view config) {
-  return scaled_mm_hit(kScaledMmQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kChar, 0, config);
+  return scaled_mm_hit(kOp, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat, 0, config);
 }
 
+template <Op kOp>
 std::optional<at::Tensor> scaled_mm_act_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                                   const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
                                                   const at::Tensor& out_scale, c10::string_view activation,
                                                   c10::string_view config) {
   const int act = act_quant_code(activation);
   if (act < 0) return std::nullopt;
-  return scaled_mm_hit(kScaledMmActQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kChar, act, config);
+  return scaled_mm_hit(kOp, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat, act, config);
 }
 
+template <Op kOp>
 std::optional<at::Tensor> scaled_mm_residual_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
                                                  const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
                                                  const at::Tensor& residual, double alpha, at::ScalarType out_dtype,
                                                  c10::string_view config) {
-  return scaled_mm_hit(kScaledMmResidual, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
-                       static_cast<int64_t>(out_dtype), config);
-}
-
-std::optional<at::Tensor> scaled_mm_fp8_op_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
-                                               const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
-                                               at::ScalarType out_dtype, c10::string_view config) {
-  return scaled_mm_hit(kScaledMmFp8, a, w, scale_a, scale_w, bias, nullptr, 0.0, out_dtype,
-                       static_cast<int64_t>(out_dtype), config);
-}
-
-std::optional<at::Tensor> scaled_mm_fp8_quant_hit(const at::Tensor& a, const at::Tensor& w, const at::Tensor& scale_a,
-                                                  const at::Tensor& scale_w, const std::optional<at::Tensor>& bias,
-                                                  const at::Tensor& out_scale, c10::string_view config) {
-  return scaled_mm_hit(kScaledMmFp8Quant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat8_e4m3fn, 0,
-                       config);
-}
-
-std::optional<at::Tensor> scaled_mm_fp8_act_quant_hit(const at::Tensor& a, const at::Tensor& w,
-                                                      const at::Tensor& scale_a, const at::Tensor& scale_w,
-                                                      const std::optional<at::Tensor>& bias,
-                                                      const at::Tensor& out_scale, c10::string_view activation,
-                                                      c10::string_view config) {
-  const int act = act_quant_code(activation);
-  if (act < 0) return std::nullopt;
-  return scaled_mm_hit(kScaledMmFp8ActQuant, a, w, scale_a, scale_w, bias, &out_scale, 0.0, at::kFloat8_e4m3fn, act,
-                       config);
-}
-
-std::optional<at::Tensor> scaled_mm_fp8_residual_hit(const at::Tensor& a, const at::Tensor& w,
-                                                     const at::Tensor& scale_a, const at::Tensor& scale_w,
-                                                     const std::optional<at::Tensor>& bias,
-                                                     const at::Tensor& residual, double alpha,
-                                                     at::ScalarType out_dtype, c10::string_view config) {
-  return scaled_mm_hit(kScaledMmFp8Residual, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
+  return scaled_mm_hit(kOp, a, w, scale_a, scale_w, bias, &residual, alpha, out_dtype,
                        static_cast<int64_t>(out_dtype), config);
 }
 
@@ -687,23 +659,29 @@ using ServedOp = Served<kOp, Hit, std::remove_pointer_t<decltype(Hit)>>;
 void register_op(int64_t op, torch::Library& backend_lib, torch::Library& autograd_lib) {
   switch (op) {
     case kGemm: return ServedOp<kGemm, &gemm_hit>::register_in(backend_lib, autograd_lib);
-    case kScaledMm: return ServedOp<kScaledMm, &scaled_mm_op_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMm: return ServedOp<kScaledMm, &scaled_mm_op_hit<kScaledMm>>::register_in(backend_lib, autograd_lib);
     case kScaledMmQuant:
-      return ServedOp<kScaledMmQuant, &scaled_mm_quant_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmQuant, &scaled_mm_quant_hit<kScaledMmQuant>>::register_in(backend_lib, autograd_lib);
     case kScaledMmActQuant:
-      return ServedOp<kScaledMmActQuant, &scaled_mm_act_quant_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmActQuant, &scaled_mm_act_quant_hit<kScaledMmActQuant>>::register_in(backend_lib,
+                                                                                                  autograd_lib);
     case kScaledMmResidual:
-      return ServedOp<kScaledMmResidual, &scaled_mm_residual_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmResidual, &scaled_mm_residual_hit<kScaledMmResidual>>::register_in(backend_lib,
+                                                                                                  autograd_lib);
     case kConv1dDepthwise: return ServedOp<kConv1dDepthwise, &conv1d_hit>::register_in(backend_lib, autograd_lib);
     case kLayerNormQuant:
       return ServedOp<kLayerNormQuant, &layer_norm_quant_hit>::register_in(backend_lib, autograd_lib);
-    case kScaledMmFp8: return ServedOp<kScaledMmFp8, &scaled_mm_fp8_op_hit>::register_in(backend_lib, autograd_lib);
+    case kScaledMmFp8:
+      return ServedOp<kScaledMmFp8, &scaled_mm_op_hit<kScaledMmFp8>>::register_in(backend_lib, autograd_lib);
     case kScaledMmFp8Quant:
-      return ServedOp<kScaledMmFp8Quant, &scaled_mm_fp8_quant_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmFp8Quant, &scaled_mm_quant_hit<kScaledMmFp8Quant>>::register_in(backend_lib,
+                                                                                              autograd_lib);
     case kScaledMmFp8ActQuant:
-      return ServedOp<kScaledMmFp8ActQuant, &scaled_mm_fp8_act_quant_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmFp8ActQuant, &scaled_mm_act_quant_hit<kScaledMmFp8ActQuant>>::register_in(
+          backend_lib, autograd_lib);
     case kScaledMmFp8Residual:
-      return ServedOp<kScaledMmFp8Residual, &scaled_mm_fp8_residual_hit>::register_in(backend_lib, autograd_lib);
+      return ServedOp<kScaledMmFp8Residual, &scaled_mm_residual_hit<kScaledMmFp8Residual>>::register_in(
+          backend_lib, autograd_lib);
     default: TORCH_CHECK(false, "oasr_hot: unknown op code ", op);
   }
 }

@@ -472,6 +472,15 @@ def twice(fn, *args, elt=2, stub_calls=rec.rec_smm_calls, stub_args=smm_args):
         assert torch.equal(t1, t2) and t1.dtype == t2.dtype and t1.shape == t2.shape
     return y1, l1
 
+def python_errors(bad_calls):
+    """Each (fn, args, word): the call raises the Python path's ValueError, which names `word`."""
+    for fn, args, word in bad_calls:
+        try:
+            fn(*args)
+            raise AssertionError(f"accepted: {word}")
+        except ValueError as e:
+            assert word in str(e), (word, str(e))
+
 with torch.no_grad():
     # scaled_mm: per-token and per-tensor scales, with and without bias, both out dtypes
     for scale_a, scale_w in ((sa, sw), (sa[:1].clone(), sw[:1].clone())):
@@ -599,12 +608,7 @@ with torch.no_grad():
         (ops.layer_norm_quant.default, (xb, wln, None, 1e-6, False, "int4", "auto"), "scheme"),
         (ops.layer_norm_quant.default, (xb, wln, None, -1.0, False, "int8", "auto"), "eps"),
     ]
-    for fn, args, word in bad_calls:
-        try:
-            fn(*args)
-            raise AssertionError(f"accepted: {word}")
-        except ValueError as e:
-            assert word in str(e), (word, str(e))
+    python_errors(bad_calls)
 
     # a misaligned operand: Python warns once and serves its reference; no launch
     buf8 = torch.randint(-127, 128, (m * k + 1,), dtype=torch.int8)
@@ -688,12 +692,7 @@ with torch.no_grad():
         (ops.scaled_mm_fp8_residual.default, (a8, w8, sa, sw, b16, res, float("inf"), torch.float16, tile8),
          "alpha"),
     ]
-    for fn, args, word in bad_calls:
-        try:
-            fn(*args)
-            raise AssertionError(f"accepted: {word}")
-        except ValueError as e:
-            assert word in str(e), (word, str(e))
+    python_errors(bad_calls)
 
     # a misaligned operand: Python warns once and serves torch._scaled_mm; no launch, no C++ answer
     buf8 = (torch.randn(m * k + 1) * 8).to(E4M3)

@@ -313,6 +313,30 @@ def _int8_operands(m, n, k, per_token: bool, g):
     return a, w, sa, sw
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as its bit pattern (torch.equal has no e4m3 kernel)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _cases_answered_in_cpp(hot_path, cases, out_shape, where) -> int:
+    """Each (fn, args, out dtype, reference) case: its first (Python), second (C++) and Python-only answers equal bit
+    for bit and the C++ one within the kernels' tolerance of the reference. Returns how many second calls the C++
+    table answered. Tolerances: int8 outputs one step (the act-quant epilogue's tanh.approx); e4m3 outputs one e4m3
+    step (2^-3 relative) and that tanh; 16-bit outputs the fp32 accumulation and the output rounding."""
+    answered = 0
+    for fn, args, dt, ref in cases:
+        first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)
+        at = (fn.__name__, *where)
+        assert torch.equal(_bits(second), _bits(python)) and torch.equal(_bits(first), _bits(python)), at
+        if dt == torch.int8:
+            assert (second.int() - ref.int()).abs().max().item() <= 1, at
+        else:
+            tol = dict(rtol=0.13, atol=0.05) if dt == torch.float8_e4m3fn else dict(rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(second.float(), ref.float(), msg=str(at), **tol)
+        answered += hits
+    return answered
+
+
 def test_int8_gemms_cpp_answers_equal_python(hot_all):
     """scaled_mm (fp16/bf16 out), scaled_mm_quant and scaled_mm_act_quant (out_scale per tensor / per row),
     scaled_mm_residual: per-token and per-tensor scales, with and without bias, odd M, 2-D and 3-D."""
@@ -350,17 +374,9 @@ def test_int8_gemms_cpp_answers_equal_python(hot_all):
                                               (a, w, sa, sw, bias, out_scale, act, tile), torch.int8,
                                               act_quant.reference_scaled_mm_act_quant(a, w, sa, sw, bias, out_scale,
                                                                                       act)))
-                        for fn, args, dt, ref in cases:
-                            first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)
-                            where = (fn.__name__, m, n, k, per_token, with_bias)
-                            assert torch.equal(second, python) and torch.equal(first, python), where
-                            if dt == torch.int8:  # act-quant: the tanh.approx epilogue, at most one step
-                                assert (second.int() - ref.int()).abs().max().item() <= 1, where
-                            else:
-                                torch.testing.assert_close(second.float(), ref.float(), rtol=1e-2, atol=1e-2,
-                                                           msg=str(where))
-                            answered += hits
-                            checked += 1
+                        answered += _cases_answered_in_cpp(hot_path, cases, out_shape,
+                                                           (m, n, k, per_token, with_bias))
+                        checked += len(cases)
     assert answered == checked, (answered, checked)  # every second call was the C++ table's
 
 
@@ -464,11 +480,6 @@ def hot_fp8(fp8_tile):
     hot_path.clear()
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor as its bit pattern (torch.equal has no e4m3 kernel)."""
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 def test_fp8_gemms_cpp_answers_equal_python(hot_fp8):
     """scaled_mm_fp8 (fp16/bf16 out), scaled_mm_fp8_quant and scaled_mm_fp8_act_quant (out_scale per tensor / per
     row), scaled_mm_fp8_residual: per-token and per-tensor scales, with and without bias, odd M, 2-D and 3-D; each
@@ -510,17 +521,9 @@ def test_fp8_gemms_cpp_answers_equal_python(hot_fp8):
                                               (a, w, sa, sw, b32, out_scale, act, tile), e4m3,
                                               act_quant.reference_scaled_mm_fp8_act_quant(a, w, sa, sw, b32,
                                                                                           out_scale, act)))
-                        for fn, args, dt, ref in cases:
-                            first, second, python, hits = _three_answers(hot_path, fn, args, out_shape, dt)
-                            where = (fn.__name__, m, n, k, per_token, with_bias)
-                            assert torch.equal(_bits(second), _bits(python)), where
-                            assert torch.equal(_bits(first), _bits(python)), where
-                            # e4m3 outputs: one e4m3 step (2^-3 relative) plus the act epilogue's tanh.approx;
-                            # 16-bit outputs: the fp32 accumulation and the output rounding
-                            tol = dict(rtol=0.13, atol=0.05) if dt == e4m3 else dict(rtol=1e-2, atol=1e-2)
-                            torch.testing.assert_close(second.float(), ref.float(), msg=str(where), **tol)
-                            answered += hits
-                            checked += 1
+                        answered += _cases_answered_in_cpp(hot_path, cases, out_shape,
+                                                           (m, n, k, per_token, with_bias))
+                        checked += len(cases)
     assert answered == checked, (answered, checked)  # every second call was the C++ table's
 
 
