@@ -4,9 +4,9 @@ GEMM with the model's fp16 bias, the residual GEMM, scaled_mm), nor of the int8 
 freezing (its per-tensor out_scales are constants then: backend._keep_small_constants_under_freezing), nor of its
 fp8 form (`fuse_quantization=True`, `fuse_residual=True`: the fp8 GEMMs, the fused fc1, the residual GEMM, the
 LayerNorms' e4m3 quantization), falls back to Python after its plan is made — a miss costs a Python call (~10 us
-of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU: the real compile, fusion passes and C++ hot path at the CPU key, the
-kernel library replaced by benchmarks/host_overhead.py's stub (so outputs are not meaningful; only who answered
-each call is counted). In a subprocess: the stubs replace module globals."""
+of host time, benchmarks/host_overhead.py) where serving is host-bound. On the CPU: the real compile, fusion passes
+and C++ hot path at the CPU key, the kernel library replaced by benchmarks/host_overhead.py's stub (so outputs are
+not meaningful; only who answered each call is counted). In a subprocess: the stubs replace module globals."""
 from __future__ import annotations
 
 import os

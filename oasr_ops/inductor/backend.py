@@ -132,7 +132,7 @@ def _uses_cuda_graphs(patches: dict[str, Any]) -> bool:
 def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any], cpp_hot_path: bool) -> None:
     """A CUDA graph compiled without CUDA graphs: each oasr op call then costs its host time, and a host-bound model
     (small batches; on a slow host every batch) can run slower than backend="inductor". So the ops the C++ hot path
-    serves (families/hot_path.py: gemm, the int8 GEMMs, the depthwise conv, layer_norm_quant) are switched to it
+    serves (families/hot_path.py: gemm, the int8 and fp8 GEMMs, the depthwise conv, layer_norm_quant) are switched to it
     (unless ``cpp_hot_path=False``; built once like a kernel, a failure keeps the Python ops), and one warning per
     process says what is left — measured on the H200 (docs/perf/e2e.md, "The eager floor", "layer_norm_quant on the
     C++ hot path"), variable-length traffic vs fp16 Inductor: with the hot path fp16 1.31-1.35x and int8 1.14-1.24x
@@ -154,8 +154,8 @@ def _serve_without_cuda_graphs(patches: dict[str, Any], example_inputs: list[Any
             why_not = ""
         except Exception as e:  # noqa: BLE001 - documented fallback: the Python op, said in the warning below
             why_not = f"unavailable ({e})"
-    host = ("gemm, the int8 GEMMs, the depthwise conv and layer_norm_quant run on the C++ hot path, the other oasr "
-            "ops add Python host time per call" if not why_not
+    host = ("gemm, the int8 and fp8 GEMMs, the depthwise conv and layer_norm_quant run on the C++ hot path, the "
+            "other oasr ops add Python host time per call" if not why_not
             else f"the C++ hot path of the oasr ops is {why_not}: every oasr op call adds Python host time")
     # Not frozen, every per-call weight transform (BatchNorm folds, casts, permutes) is a launch of its own; frozen
     # they fold once (docs/perf/e2e.md, sessions 23-25: int8 frozen 1.44x vs unfrozen 1.11x; fp16 frozen 1.49x vs
