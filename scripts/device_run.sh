@@ -41,6 +41,8 @@ STEPS=(
     "build-int8|rm -f db/sm90/scaled_mm.json && python3 -m oasr_ops tune build --family scaled_mm \$CENSUS --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log \$OUT/smm_log.jsonl --checkpoint-dir \$OUT/ckpt_smm > \$OUT/smm_build.json && cp db/sm90/scaled_mm.json \$OUT/scaled_mm_db.json  (writes db/)"
     "prebuild-fusion|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family conv1d --all --jobs 16 --quiet && python3 benchmarks/prebuild_fusion_kernels.py --jobs 16"
     "prebuild-fp8|OASR_CUDA_ARCH_LIST=9.0a python3 -m oasr_ops tune prebuild --family scaled_mm_fp8 --all --jobs 16 --quiet"
+    # the quantizing fp8 GEMMs' e4m3 outputs vs the float64 reference, element by element (session 38)
+    "fp8-quantized-output-error|python3 benchmarks/fp8_quantized_output_error.py"
     "fp8-gpu|python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scaled_mm_fp8_gpu.py"
     "build-fp8|rm -rf db/sm90/scaled_mm_fp8.json \$OUT/fp8_log.jsonl \$OUT/ckpt_fp8 && python3 -m oasr_ops tune build --family scaled_mm_fp8 \$CENSUS --out system --fresh --thin --max-points 6 --max-fill 1 --rounds 3 --log \$OUT/fp8_log.jsonl --checkpoint-dir \$OUT/ckpt_fp8 > \$OUT/fp8_build.json && cp db/sm90/scaled_mm_fp8.json \$OUT/scaled_mm_fp8_db.json  (writes db/)"
     # the fused FFN fc1s of a calibrated int8 / fp8 deployment (session 34: `oasr tune census --calibrated`,

@@ -331,7 +331,9 @@ def _cases_answered_in_cpp(hot_path, cases, out_shape, where) -> int:
         if dt == torch.int8:
             assert (second.int() - ref.int()).abs().max().item() <= 1, at
         else:
-            tol = dict(rtol=0.13, atol=0.05) if dt == torch.float8_e4m3fn else dict(rtol=1e-2, atol=1e-2)
+            # e4m3: near zero the accumulation's error divided by a small out_scale spans several of e4m3's fine steps
+            # (H100, session 38: -0.25 vs -0.156 with out_scale ~0.01; 32 at 448, one step)
+            tol = dict(rtol=0.13, atol=0.5) if dt == torch.float8_e4m3fn else dict(rtol=1e-2, atol=1e-2)
             torch.testing.assert_close(second.float(), ref.float(), msg=str(at), **tol)
         answered += hits
     return answered
