@@ -471,12 +471,13 @@ def main() -> int:
         variants["fp16"] = (copy.deepcopy(model), "inductor", {})
     if "fp16-oasr" in wanted:
         variants["fp16-oasr"] = (copy.deepcopy(model), oasr_backend, {"cpp_hot_path": False})
-    for scheme, prefix in (("int8_w8a8", "int8"), ("fp8_w8a8", "fp8")):
-        if prefix not in wanted and f"{prefix}-ln" not in wanted:
-            continue
+    schemes = [(scheme, prefix) for scheme, prefix in (("int8_w8a8", "int8"), ("fp8_w8a8", "fp8"))
+               if prefix in wanted or f"{prefix}-ln" in wanted]
+    if schemes:  # one calibration traffic and one layer choice (the fp16 model's) for both schemes
         calib_reqs = traffic(a.calib, batches, a.min_s, a.max_s, a.bucket_frames, a.seed + 1)
         calib = [iface.inputs(r, torch.float16, dev, a.seed + 2000 + i) for i, r in enumerate(calib_reqs)]
         flt = oasr_ops.fusable_filter(copy.deepcopy(model), *calib[0])
+    for scheme, prefix in schemes:
         q = oasr_ops.quantize_(copy.deepcopy(model), scheme, filter_fn=flt)
         oasr_ops.calibrate(q, calib)
         if prefix in wanted:

@@ -34,8 +34,7 @@ from ..scaled_mm.act_quant import ACTIVATIONS, apply_activation, epilogue_fma_fp
 # a calibrated out_scale is a buffer passed on every call: read (a device sync) once per version, not per call
 from ..scaled_mm.out_scale import check_out_scale
 from ...runtime import select as _select
-from ...configs import parse as parse_config
-from ...runtime.plans import Plan, PlanCache, make_plan
+from ...runtime.plans import PlanCache, make_plan
 from ...runtime.registry import native_lane
 from . import ops
 from .heuristic import heuristic_config
@@ -129,17 +128,13 @@ def _make_plan(config: str, activation: str, m: int, n: int, k: int):
     plan = make_plan(ops.FAMILY, config, m, n, k, arch, sig,
                      select=lambda: select_act_quant_config(n, k, m, arch),
                      torch_run=torch_run, kernel_run=kernel_run)
+    # a region table's torch (what a graph compiled with a symbolic M bakes for a signature without an entry: the
+    # family's untuned policy): the tile `select_act_quant_config` serves, as for `auto`. Running the torch path here
+    # would be torch._scaled_mm with an fp32 output, then the activation and the quantization in eager ops: slower
+    # than not fusing
     lane = _act_lane(arch)
-    if plan.config == "torch" and config != "torch" and lane is not None:
-        # a region table's torch (what a graph compiled with a symbolic M bakes for a signature without an entry:
-        # the family's untuned policy): the tile `select_act_quant_config` serves, as for `auto`. Running the torch
-        # path here would be torch._scaled_mm with an fp32 output, then the activation and the quantization in
-        # eager ops: slower than not fusing
-        tile = heuristic_config(max(int(m), 1), n, k, arch, lane)
-        run = kernel_run(parse_config(tile))
-        if run is not None:
-            return Plan(tile, "heuristic", sig, run)
-    return plan
+    return ops.tile_where_torch(plan, config, lambda: "torch" if lane is None else
+                                heuristic_config(max(int(m), 1), n, k, arch, lane), kernel_run, tier="heuristic")
 
 
 def _cuda(a, w, scale_a, scale_w, bias, out_scale, activation, config):

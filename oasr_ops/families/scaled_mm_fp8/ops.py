@@ -28,6 +28,8 @@ of another lane or outside this process's production set warned once and skipped
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from ..autograd import register_inference_op
@@ -294,12 +296,22 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
                      select=lambda: _select.serve_config(FAMILY, op, "fp8", n, k, m, arch),
                      torch_run=lambda _sentinel: _torch_run(op, out_dtype),
                      kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
-    if plan.config == "torch" and out_dtype == torch.float16 and config != "torch":
-        tile = fp16_output_config("torch", m, n, k, arch)
-        run = None if tile == "torch" else _kernel_run(op, parse_config(tile), out_dtype, m, n, k, arch, sig)
-        if run is not None:
-            return Plan(tile, plan.tier, sig, run)
-    return plan
+    return tile_where_torch(plan, config, lambda: fp16_output_config("torch", m, n, k, arch)
+                            if out_dtype == torch.float16 else "torch",
+                            lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
+
+
+def tile_where_torch(plan: Plan, config: str, tile_of: Callable[[], str], kernel_run: Callable[[Config], Any],
+                     tier: str | None = None) -> Plan:
+    """`plan` of an fp8 op whose torch path is not what the DB measured (an fp16 output, the residual and
+    activation-quantizing epilogues: eager passes around torch._scaled_mm), when it resolved to ``torch`` from
+    ``auto`` or a region table: the plan of `tile_of()` (the op's rule; a sentinel keeps torch) where its kernel
+    loads, named `tier` (default: `plan`'s). An explicit ``torch`` is kept."""
+    if plan.config != "torch" or config == "torch":
+        return plan
+    tile = tile_of()
+    run = None if tile in SENTINELS else kernel_run(parse_config(tile))
+    return plan if run is None else Plan(tile, tier or plan.tier, plan.signature, run)
 
 
 def _cuda(op: str, a, w, scale_a, scale_w, bias, out_dtype, out_scale, config):

@@ -33,7 +33,7 @@ from ..autograd import register_inference_op
 from ..scaled_mm.residual import add_residual, check_residual, fast_ok, residual_args
 from ...configs import SENTINELS, parse
 from ...runtime import select as _select
-from ...runtime.plans import Plan, PlanCache, WarnOnce, make_plan
+from ...runtime.plans import PlanCache, WarnOnce, make_plan
 from . import ops
 from .heuristic import heuristic_config
 from .reference import FP8, acc64, check, epilogue_fp32, rows
@@ -125,12 +125,8 @@ def _make_plan(config: str, out_dtype, m: int, n: int, k: int):
     plan = make_plan(ops.FAMILY, config, m, n, k, arch, sig,
                      select=lambda: select_residual_config(n, k, m, arch),
                      torch_run=torch_run, kernel_run=kernel_run)
-    if plan.config == "torch" and config != "torch":  # a region table's torch: the tile, as `_residual_tile`
-        tile = _residual_tile("torch", m, n, k, arch)
-        run = None if tile in SENTINELS else kernel_run(parse(tile))
-        if run is not None:
-            return Plan(tile, plan.tier, sig, run)
-    return plan
+    # a region table's torch: the tile, as `_residual_tile`
+    return ops.tile_where_torch(plan, config, lambda: _residual_tile("torch", m, n, k, arch), kernel_run)
 
 
 def _cuda(a, w, scale_a, scale_w, bias, residual, alpha, out_dtype, config):
