@@ -13,6 +13,9 @@ may serve; `heuristic`: the half-wave heuristic's candidates only):
   act_quant         oasr::scaled_mm_fp8_act_quant, the activation then e4m3 (what the fused FFN runs for fc1)
 plus, once per shape:
   act_quant@auto    the config "auto" serves (its id is printed)
+  fp8_quant@auto    the plain quantizing op on "auto" (what a direct user call gets; the selection is printed)
+  fp8_quant@torch   the plain quantizing op's torch arm: torch._scaled_mm (fp32 out) + the epilogue and the e4m3
+                    quantization in eager ops (the family's untuned policy, session 39's question: does it pay?)
   fp16_inductor     torch.compile(act(F.linear(x, w, b))): what fp16 backend="inductor" runs for fc1
   fp8_unfused       oasr::scaled_mm_fp8 (config auto: the DB or cuBLAS) then torch.compile(quantize_per_token_fp8(
                     act(y))): the pre-fusion fp8 path
@@ -68,6 +71,7 @@ def main() -> int:
 
     import oasr_ops
     from oasr_ops.families.scaled_mm_fp8.act_quant import select_act_quant_config
+    from oasr_ops.families.scaled_mm_fp8.ops import select_quant_config
     from oasr_ops.families.scaled_mm_fp8.reference import quantize_per_token_fp8, quantize_weight_fp8
     from scaled_mm import n_copies, time_graph
 
@@ -95,6 +99,11 @@ def main() -> int:
         row["auto"] = {"config": sel.config, "tier": sel.tier}
         t("act_quant@auto", lambda i: oasr_ops.scaled_mm_fp8_act_quant(q, w[i], sa, sw[i], out_scale, act,
                                                                        bias=bias32))
+        qsel = select_quant_config(n, k, m, "sm90")
+        row["auto_quant"] = {"config": qsel.config, "tier": qsel.tier}
+        t("fp8_quant@auto", lambda i: oasr_ops.scaled_mm_fp8_quant(q, w[i], sa, sw[i], out_scale, bias=bias32))
+        t("fp8_quant@torch", lambda i: oasr_ops.scaled_mm_fp8_quant(q, w[i], sa, sw[i], out_scale, bias=bias32,
+                                                                    config="torch"))
         ids = tiles(n, k, a.tiles)
         for cid in ids:
             t(f"fp8_fp16@{cid}", lambda i, c=cid: oasr_ops.scaled_mm_fp8(q, w[i], sa, sw[i], bias16, torch.float16,
@@ -109,7 +118,9 @@ def main() -> int:
         t("fp8_unfused", lambda i: act_q(oasr_ops.scaled_mm_fp8(q, w[i], sa, sw[i], bias16, torch.float16)))
         res["rows"].append(row)
         report_row(row, ("fp8_fp16", "fp8_quant", "act_quant"), ids,
-                   {"fp16 inductor": "fp16_inductor", "fp8 unfused": "fp8_unfused"})
+                   {"fp16 inductor": "fp16_inductor", "fp8 unfused": "fp8_unfused",
+                    f"fp8_quant@auto ({qsel.config}, {qsel.tier})": "fp8_quant@auto",
+                    "fp8_quant@torch": "fp8_quant@torch"})
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1)
     return 0
