@@ -245,17 +245,44 @@ def test_fp16_output_sites_are_baked_to_a_tile_where_the_policy_says_torch(tunin
     a = torch.zeros(12000, 768, dtype=FP8)
     w = torch.zeros(768, 768, dtype=FP8)
 
-    def f(a, w, sa, sw):
+    def f(a, w, sa, sw, os_):
         return (OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.float16, "auto"),
                 OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.bfloat16, "auto"),
-                OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.float16, "torch"))
+                OPS.scaled_mm_fp8(a, w, sa, sw, None, torch.float16, "torch"),
+                OPS.scaled_mm_fp8_quant(a, w, sa, sw, None, os_, "auto"),
+                OPS.scaled_mm_fp8_quant(a, w, sa, sw, None, os_, "torch"))
 
-    gm = make_fx(f, tracing_mode="fake")(a, w, torch.ones(12000), torch.ones(768))
+    gm = make_fx(f, tracing_mode="fake")(a, w, torch.ones(12000), torch.ones(768), torch.ones(1))
     res = rewrite_graph(gm.graph, bake=True, arch=arch)
     baked = [n.args[6] for n in gm.graph.nodes if n.target is OPS.scaled_mm_fp8.default]
+    baked_quant = [n.args[6] for n in gm.graph.nodes if n.target is OPS.scaled_mm_fp8_quant.default]
     tile = heuristic.heuristic_config(12000, 768, 768, "sm90")
     assert tile in SM90.ids() and baked == [tile, "torch", "torch"]
+    assert baked_quant == [tile, "torch"]  # the quantizing op's torch arm is eager passes too (session 39)
     assert [(s.config, s.tier) for s in res.sites][0] == (tile, "heuristic")
+    assert [(s.op, s.config, s.tier) for s in res.sites][3] == ("scaled_mm_fp8_quant", tile, "heuristic")
+
+
+@pytest.mark.parametrize("config", ["auto", "regions:*=torch", "regions:64=torch;*=heuristic"])
+def test_the_plain_quantizing_op_is_served_a_tile_where_the_answer_is_torch(monkeypatch, config):
+    """`scaled_mm_fp8_quant`'s torch arm is torch._scaled_mm with an fp32 output, the epilogue and the e4m3
+    quantization in eager ops: 2.3-6.5x slower than the tiles at every shape measured (session 39, H100). Where
+    ``auto`` (the family's untuned policy) or a region table answers torch, the plan runs the heuristic's tile;
+    an explicit ``torch`` keeps the arm; the plain op with a bf16 output keeps the measured torch arm."""
+    from oasr_ops.families.scaled_mm_fp8 import heuristic, ops
+
+    built = []
+    monkeypatch.setattr(ops, "_kernel_run",
+                        lambda op, cfg, *args, **kw: built.append((op, cfg.id)) or (lambda *a: None))
+    monkeypatch.setenv("OASR_ARCH", "sm90")
+    m, n, k = 40, 2048, 512
+    tile = heuristic.heuristic_config(m, n, k, "sm90")
+    assert ops.select_quant_config(n, k, m, "sm90").config == "torch"  # the policy: what the plan must not run
+    plan = ops._make_plan("scaled_mm_fp8_quant", config, None, m, n, k)
+    assert plan.config == tile and tile in SM90.ids() and built == [("scaled_mm_fp8_quant", tile)]
+    assert ops._make_plan("scaled_mm_fp8_quant", "torch", None, m, n, k).config == "torch"
+    assert ops._make_plan("scaled_mm_fp8", "regions:*=torch", torch.bfloat16, m, n, k).config == "torch"
+    assert len(built) == 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

@@ -73,8 +73,9 @@ def test_fp8_selections_are_prebuilt(planned):
     for (n, k) in NK:
         for m in MS:
             plain = ops.select_config(n, k, m, ARCH).config
-            wanted = [(plain, "bf16"), (ops.fp16_output_config(plain, m, n, k, ARCH), "fp16"),
-                      (ops.select_quant_config(n, k, m, ARCH).config, "fp8")]
+            quant = ops.select_quant_config(n, k, m, ARCH).config
+            wanted = [(plain, "bf16"), (ops.heuristic_where_torch(plain, m, n, k, ARCH), "fp16"),
+                      (ops.heuristic_where_torch(quant, m, n, k, ARCH), "fp8")]
             wanted += [(select_act_quant_config(n, k, m, ARCH).config, f"fp8_{a}") for a in ("gelu", "silu")]
             missing |= {(n, k, m, c, v) for c, v in wanted
                         if (nm := _name("scaled_mm_fp8", c, v)) and nm not in planned}

@@ -1,4 +1,5 @@
-"""fp8 GEMM with an fp16 output where the DB (or the untuned policy) answers ``torch`` (H200).
+"""fp8 GEMM with an fp16 output, and the quantizing fp8 GEMM, where the DB (or the untuned policy) answers ``torch``
+(H200).
 
 torch._scaled_mm's rowwise scaling writes bf16 only, so the ``torch`` arm writes fp16 through an fp32 GEMM output
 and the epilogue in eager ops; the DB's torch regions were measured with a bf16 output. For an fp16 output the
@@ -69,3 +70,30 @@ def test_fp16_output_is_served_by_a_tile_where_torch_was_chosen():
 
     torch.ops.oasr.scaled_mm_fp8(a, w, sa, sw, bias.bfloat16(), torch.bfloat16, "auto")
     assert _plan("auto", torch.bfloat16, m, n, k, True, a.device).config == "torch"  # bf16: the measured arm
+
+
+@pytest.mark.parametrize("m", [1, 17, 1000])
+def test_quantizing_op_is_served_by_a_tile_where_the_policy_says_torch(m):
+    """`scaled_mm_fp8_quant` on a signature without a DB entry (the family's untuned policy answers ``torch``): the
+    heuristic's tile serves (`ops.heuristic_where_torch`, session 39), its e4m3 output equal to the torch arm's
+    wherever both round the same fp32 value (within one e4m3 step elsewhere) and within the e4m3 tolerance of the
+    float64 reference; an explicit ``torch`` keeps the arm. Output poisoned first."""
+    n, k = 2304, 768  # no shipped entry of op scaled_mm_fp8_quant
+    assert fops.select_quant_config(n, k, m, "sm90").config == "torch"
+    g = torch.Generator(device=DEV).manual_seed(m)
+    a, sa = quantize_per_token_fp8(torch.randn(m, k, device=DEV, generator=g))
+    w, sw = quantize_weight_fp8(torch.randn(n, k, device=DEV, generator=g))
+    bias = torch.randn(n, device=DEV, generator=g)
+    out_scale = torch.rand(m, device=DEV, generator=g).add(0.5).mul(k ** 0.5 / 112)
+    # poison: the output's block (e4m3 0x7F is NaN) freed just before the op allocates one of its size
+    torch.empty(m * n, dtype=torch.uint8, device=DEV).fill_(0x7F)
+    y = torch.ops.oasr.scaled_mm_fp8_quant(a, w, sa, sw, bias, out_scale, "auto")
+    plan = fops._PLANS.plans[("scaled_mm_fp8_quant", "auto", None, m, n, k, True, a.device, fops._epoch())]
+    assert plan.config in LANE.ids() and plan.config == fops.heuristic_config(m, n, k, "sm90"), plan.config
+    y_torch = torch.ops.oasr.scaled_mm_fp8_quant(a, w, sa, sw, bias, out_scale, "torch")
+    ref = fops.reference_scaled_mm_fp8_quant(a.cpu(), w.cpu(), sa.cpu(), sw.cpu(), bias.cpu(), out_scale.cpu())
+    torch.cuda.synchronize()
+    yf, tf, rf = y.float().cpu(), y_torch.float().cpu(), ref.float()
+    assert not yf.isnan().any()
+    assert ((yf - rf).abs() <= 0.5 + 0.13 * rf.abs()).all(), float((yf - rf).abs().max())
+    assert ((yf - tf).abs() <= 0.5 + 0.13 * tf.abs()).all(), float((yf - tf).abs().max())

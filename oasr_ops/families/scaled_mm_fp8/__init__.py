@@ -5,7 +5,9 @@ Lanes: sm90_fp8_wgmma (CUTLASS 3.x, native on sm90), sm89_fp8_mma (CUTLASS 2.x, 
 policy: ``torch`` (torch._scaled_mm rowwise). The spec's half-wave heuristic (`heuristic.py`) measured 0.79x of
 torch._scaled_mm geomean over the H200 build's 231 points (118 below 0.98x, worst 0.21x;
 benchmarks/logs/sm90_scaled_mm_fp8_build_v1.jsonl, docs/perf/scaled_mm_fp8.md), so an uncovered shape gets cuBLAS;
-the heuristic stays an arm of the build and an explicit config ("heuristic").
+the heuristic stays an arm of the build and an explicit config ("heuristic"). That holds for the bf16 output only,
+where torch is one call: an fp16 output and the quantizing op get the heuristic's tile where the answer is
+``torch`` (`ops.heuristic_where_torch`; their torch arm is an fp32 GEMM plus eager passes).
 Served (`runtime.select.serve_config`): Stream-K tiles only from measured entries, never for the quantizing op; only ids of the production set; another lane's config is
 warned about once and skipped. Scheme ``fp8_w8a8`` (`quantize.py`).
 """

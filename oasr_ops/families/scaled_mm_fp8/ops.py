@@ -273,20 +273,31 @@ def _kernel_run(op: str, cfg: Config, out_dtype, m: int, n: int, k: int, arch: s
     return run_kernel
 
 
-def fp16_output_config(config: str, m: int, n: int, k: int, arch: str | None) -> str:
-    """What an fp16-output `scaled_mm_fp8` site runs where the selection (the DB, its region table or the untuned
-    policy) answered `config`: `config`, except ``torch``, which becomes the half-wave heuristic's tile.
+def heuristic_where_torch(config: str, m: int, n: int, k: int, arch: str | None) -> str:
+    """What an fp16-output `scaled_mm_fp8` site or a `scaled_mm_fp8_quant` site runs where the selection (the DB,
+    its region table or the untuned policy) answered `config`: `config`, except ``torch``, which becomes the
+    half-wave heuristic's tile.
 
-    Why: torch._scaled_mm's rowwise scaling writes bf16 only, so the torch arm writes fp16 through an fp32 GEMM
-    output and the epilogue in eager ops: three more passes over an fp32 [M, N]. The DB's torch regions were
-    measured with a bf16 output (the build's), where torch is one call; with fp16 they are not what was measured
-    (the Whisper-style encoder ran its fp8 GEMMs there at 0.39-0.65x of fp16 end to end, docs/perf/e2e.md). Applied
-    by the runtime (`_make_plan`, unless ``torch`` was asked for by name) and by the bake (rewrite.py), so a
-    compiled graph never names ``torch`` where the runtime would not have served it."""
+    Why: for these two the torch arm is not one torch._scaled_mm call. Rowwise scaling writes bf16 only, so it runs
+    an fp32 GEMM output and the epilogue (and, for the quantizing op, the e4m3 quantization) in eager ops: three or
+    four more passes over an fp32 [M, N]. fp16 output: the DB's torch regions were measured with a bf16 output
+    (the build's), where torch is one call, not what is served (the Whisper-style encoder ran its fp8 GEMMs there
+    at 0.39-0.65x of fp16 end to end, docs/perf/e2e.md). Quantizing op: the family's untuned policy (``torch``)
+    ran that path on every shape without an entry, 2.3-5.7x slower than the heuristic's tile at six encoder
+    shapes from M = 16 to 12000, and 2.4-6.5x slower than the best tile at all 24 points of a build of two fc1
+    signatures (H100, session 39: benchmarks/logs/sm90_fp8_quant_policy_h100_s39.log,
+    h100_scaled_mm_fp8_actq_build_s39.jsonl). Applied by the runtime (`_make_plan`, unless ``torch`` was asked for
+    by name) and by the bake (rewrite.py), so a compiled graph never names ``torch`` where the runtime would not
+    have served it."""
     if config != "torch":
         return config
     tile = heuristic_config(m, n, k, arch)
     return config if tile in SENTINELS else tile
+
+
+def _torch_is_eager(op: str, out_dtype) -> bool:
+    """Whether `op`'s torch arm is torch._scaled_mm plus eager passes (`heuristic_where_torch` says why)."""
+    return op == "scaled_mm_fp8_quant" or out_dtype == torch.float16
 
 
 def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
@@ -296,15 +307,15 @@ def _make_plan(op: str, config: str, out_dtype, m: int, n: int, k: int) -> Plan:
                      select=lambda: _select.serve_config(FAMILY, op, "fp8", n, k, m, arch),
                      torch_run=lambda _sentinel: _torch_run(op, out_dtype),
                      kernel_run=lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
-    return tile_where_torch(plan, config, lambda: fp16_output_config("torch", m, n, k, arch)
-                            if out_dtype == torch.float16 else "torch",
+    return tile_where_torch(plan, config, lambda: heuristic_where_torch("torch", m, n, k, arch)
+                            if _torch_is_eager(op, out_dtype) else "torch",
                             lambda cfg: _kernel_run(op, cfg, out_dtype, m, n, k, arch, sig))
 
 
 def tile_where_torch(plan: Plan, config: str, tile_of: Callable[[], str], kernel_run: Callable[[Config], Any],
                      tier: str | None = None) -> Plan:
-    """`plan` of an fp8 op whose torch path is not what the DB measured (an fp16 output, the residual and
-    activation-quantizing epilogues: eager passes around torch._scaled_mm), when it resolved to ``torch`` from
+    """`plan` of an fp8 op whose torch path is eager passes around torch._scaled_mm (an fp16 output, the quantizing,
+    residual and activation-quantizing epilogues), when it resolved to ``torch`` from
     ``auto`` or a region table: the plan of `tile_of()` (the op's rule; a sentinel keeps torch) where its kernel
     loads, named `tier` (default: `plan`'s). An explicit ``torch`` is kept."""
     if plan.config != "torch" or config == "torch":

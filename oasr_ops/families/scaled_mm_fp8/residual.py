@@ -21,7 +21,7 @@ a branch of its own; swap-AB tiles read the residual as their column-major C, th
 untuned policy, and measured regions) or a Stream-K tile: there the half-wave heuristic's data-parallel tile. Why
 not torch: torch._scaled_mm cannot add the residual in its epilogue, so the ``torch`` arm is an fp32-output
 torch._scaled_mm plus this formula in eager ops (three more passes over [M, N]), the cost the fp16-output rule
-(`ops.fp16_output_config`) already avoids; ``config="torch"`` asked by name runs it. The sm89 lane has no residual
+(`ops.heuristic_where_torch`) already avoids; ``config="torch"`` asked by name runs it. The sm89 lane has no residual
 variant: there (and without an fp8 lane) the op runs the torch arm, warned once. CPU runs the reference (float64
 accumulation of the exact e4m3 products, rounded to fp32 once, as `reference.py`).
 """
