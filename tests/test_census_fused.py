@@ -51,8 +51,9 @@ def test_calibrated_census_records_the_fc1s_under_the_act_quant_op(tmp_path, sch
     works = load_works([str(path)], family)
     assert fc1_fused in works and [p.m for p in works[fc1_fused].points] == \
         [p["m"] for p in fused["signatures"][fc1_fused]["points"]]
-    # and `oasr tune prebuild --census` compiles the quantizing launchers that build loads for them
-    out_dt = {"scaled_mm": "int8", "scaled_mm_fp8": "fp8"}[family]
+    # and `oasr tune prebuild --census` compiles the launchers that build times for them: the fused fc1's
+    # (candidates.BUILD_ACTIVATION, session 39), not the plain quantizing op's
+    out_dt = {"scaled_mm": "int8_gelu", "scaled_mm_fp8": "fp8_gelu"}[family]
     assert (family, out_dt) in census_plan([str(path)], "sm90", family=family)
     assert (family, out_dt) not in census_plan([str(plain_path)], "sm90", family=family)
 

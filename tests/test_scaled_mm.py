@@ -699,3 +699,25 @@ def test_out_scale_check_reads_a_checked_tensor_again_only_after_it_changes():
         for _ in range(2):
             with pytest.raises(ValueError, match="finite and > 0"):
                 oasr_ops.scaled_mm_quant(a, w, sa, sw, bad)
+
+
+def test_the_quantizing_ops_arms_time_the_fused_fc1():
+    """``op=scaled_mm_quant`` entries serve the fused fc1 (`scaled_mm_act_quant`): every arm runs that op with the
+    build's activation (bitwise equal across tiles, as the plain op's), and prebuild --census builds its variant."""
+    from oasr_ops.codegen.variants import act_variant
+    from oasr_ops.families.scaled_mm import candidates as icand
+    from oasr_ops.families.scaled_mm.act_quant import reference_scaled_mm_act_quant
+    from oasr_ops.runtime.db_signatures import parse_signature
+    from oasr_ops.tune.points import Point
+
+    parts = parse_signature(QSIG)
+    assert icand.measure_dtype(parts) == act_variant(icand.BUILD_ACTIVATION, None) == "int8_gelu"
+    pt = Point(37, signature=QSIG, family="scaled_mm", op="scaled_mm_quant", n=parts.n, k=parts.k)
+    o = icand.operands(pt, "cpu", seed=1)
+    ref = reference_scaled_mm_act_quant(o.acts["a"], o.weights[0]["w"], o.acts["sa"], o.consts["sw"], None,
+                                        o.consts["out_scale"], icand.BUILD_ACTIVATION)
+    plain = oasr_ops.scaled_mm_quant(o.acts["a"], o.weights[0]["w"], o.acts["sa"], o.consts["sw"],
+                                     o.consts["out_scale"])
+    assert not torch.equal(ref, plain)  # GELU changes the values: the check below can tell the two ops apart
+    for cand in icand.candidates(parts, "sm90"):
+        assert torch.equal(cand.bind(o, cand.id, 0)(), ref), cand.id

@@ -630,3 +630,28 @@ def test_gate_candidates_on_cpu(op):
     assert {c.id for c in passed} == {c.id for c in cands} - {rep.id, *members}
     passed, rejected = gate_candidates(cands3, replace(operands, variants=[]))  # bf16 alone: all pass
     assert not rejected
+
+
+def test_the_quantizing_ops_arms_time_the_fused_fc1():
+    """``op=scaled_mm_fp8_quant`` entries serve the fused fc1 (`scaled_mm_fp8_act_quant`, what a deployment runs
+    there): every arm binds that op with the build's activation, and prebuild --census builds its variant (the
+    plain op's exact division ranked the tiles differently, session 39)."""
+    from oasr_ops.families.scaled_mm_fp8 import act_quant
+    from oasr_ops.runtime.db_signatures import parse_signature
+    from oasr_ops.tune.points import Point
+
+    parts = parse_signature(QSIG)
+    assert fcand.measure_dtype(parts) == "fp8_gelu" == f"fp8_{fcand.BUILD_ACTIVATION}"
+    pt = Point(37, signature=QSIG, family="scaled_mm_fp8", op="scaled_mm_fp8_quant", n=parts.n, k=parts.k)
+    operands = fcand.operands(pt, "cpu", seed=1)
+    for cand in fcand.candidates(parts, "sm90"):
+        y = cand.bind(operands, cand.id, 0)()
+        ref = act_quant.reference_scaled_mm_fp8_act_quant(operands.acts["a"], operands.weights[0]["w"],
+                                                          operands.acts["sa"], operands.consts["sw"], None,
+                                                          operands.consts["out_scale"], fcand.BUILD_ACTIVATION)
+        assert torch.equal(y.float(), ref.float()), cand.id  # the CPU impl of the fused op: its reference
+    # the gate's float64 reference applies the activation before the quantization: GELU's minimum is about -0.17,
+    # so no value falls below -0.17 / out_scale (without the activation they reach about -max)
+    r = operands.reference()
+    floor = -0.2 / float(operands.consts["out_scale"])
+    assert r.shape == (37, parts.n) and float(r.min()) > floor and float(r.max()) > -10 * floor

@@ -9,6 +9,12 @@ heuristic's tile at every point. The objective is GPU time alone (no host cost i
 
 A quantized deployment runs its Linear GEMMs as scaled_mm with the same (M, N, K), so `census_from` maps every
 gemm census signature that `quantize_` quantizes (K % 16 == 0, N % 8 == 0) to its scaled_mm signature.
+
+The quantizing op's arms time the fused FFN fc1's kernel (`scaled_mm_act_quant` with `BUILD_ACTIVATION`), not the
+plain `scaled_mm_quant` one: what a deployment runs under ``op=scaled_mm_quant`` is that fused fc1 (the fusion pass
+emits it; `tune/census_fused.py` records it there; `act_quant.select_act_quant_config` reads the entries), and the
+plain kernel's exact IEEE division makes its epilogue 2-3x slower than the fused one's and ranks the tiles
+differently (docs/perf/e2e.md, session 39). The plain op, called directly, reads the same entries.
 """
 from __future__ import annotations
 
@@ -19,6 +25,10 @@ from . import checks
 from . import ops as _ops
 
 HEURISTIC = "heuristic"
+# The activation of the fused fc1 the quantizing op's arms time. The DB signature has none: one entry serves GELU
+# (Whisper-style) and SiLU (Conformer) fc1s, whose epilogues differ by a few FMAs around the same one MUFU.TANH
+# (templates/_act_fast.cuh.j2); GELU is the longer of the two.
+BUILD_ACTIVATION = "gelu"
 
 
 def _bind(op: str):
@@ -28,8 +38,8 @@ def _bind(op: str):
         a, sa = o.acts["a"], o.acts["sa"]
         sw, w = o.consts["sw"], o.weights[copy % o.copies]["w"]
         if op == "scaled_mm_quant":
-            fn, out_scale = torch.ops.oasr.scaled_mm_quant, o.consts["out_scale"]
-            return lambda: fn(a, w, sa, sw, None, out_scale, config)
+            fn, out_scale = torch.ops.oasr.scaled_mm_act_quant, o.consts["out_scale"]
+            return lambda: fn(a, w, sa, sw, None, out_scale, BUILD_ACTIVATION, config)
         fn, f16 = torch.ops.oasr.scaled_mm, torch.float16
         return lambda: fn(a, w, sa, sw, None, f16, config)
     return bind
@@ -67,9 +77,13 @@ def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: O
 
 def measure_dtype(parts: Any) -> str:
     """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): fp16
-    output (`_bind`), int8 (the quantizing launcher) for the quantizing op."""
+    output (`_bind`); for the quantizing op the fused fc1's variant, `BUILD_ACTIVATION` with no bias."""
     import torch
 
+    from ...codegen.variants import act_variant
+
+    if parts.op == "scaled_mm_quant":
+        return act_variant(BUILD_ACTIVATION, None)
     return _ops.kernel_dtype(parts.op, torch.float16)
 
 

@@ -12,6 +12,14 @@ Numeric gates, per point (`lanes.summation_order`): the first tile of each order
 the heuristic arm are gated by tolerance: within 4x of cuBLAS's (`torch`'s) own max error against the float64
 reference; every other tile of a group must equal its representative bitwise (and is rejected with it). The
 plain op's gates run on bf16 output (what is timed) and on fp16 output (`Operands.variants`): the DB serves both.
+
+The quantizing op's arms time the fused FFN fc1's kernel (`scaled_mm_fp8_act_quant` with `BUILD_ACTIVATION`; its
+``torch`` arm is that op's: torch._scaled_mm, the activation and the quantization in eager ops), not the plain
+`scaled_mm_fp8_quant` one: the fused fc1 is what a deployment runs under ``op=scaled_mm_fp8_quant``
+(`tune/census_fused.py`), and the plain kernel's exact IEEE division made it 2.8x slower than the fused one on the
+same tile and ranked the tiles differently (H100, session 39: at 3984 x 2048 x 512 the plain op's best tile was
+the cooperative 128x128, 33.6 us, the fused op's the 2x1 ping-pong, 15.5 us, where the plain op ran 43.1;
+docs/perf/e2e.md). The plain op, called directly, reads the same entries.
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ from .lanes import summation_order
 
 HEURISTIC = "heuristic"
 TOLERANCE = Gate("tolerance", baseline="torch", per_point=True, factor=4.0)
+# The activation of the fused fc1 the quantizing op's arms time (the int8 family's candidates.py says why GELU).
+BUILD_ACTIVATION = "gelu"
 
 
 def _bind(op: str):
@@ -33,8 +43,8 @@ def _bind(op: str):
         a, sa = o.acts["a"], o.acts["sa"]
         sw, w = o.consts["sw"], o.weights[copy % o.copies]["w"]
         if op == "scaled_mm_fp8_quant":
-            fn, out_scale = torch.ops.oasr.scaled_mm_fp8_quant, o.consts["out_scale"]
-            return lambda: fn(a, w, sa, sw, None, out_scale, config)
+            fn, out_scale = torch.ops.oasr.scaled_mm_fp8_act_quant, o.consts["out_scale"]
+            return lambda: fn(a, w, sa, sw, None, out_scale, BUILD_ACTIVATION, config)
         fn, dt = torch.ops.oasr.scaled_mm_fp8, o.consts.get("out_dtype", torch.bfloat16)
         return lambda: fn(a, w, sa, sw, None, dt, config)
     return bind
@@ -42,10 +52,12 @@ def _bind(op: str):
 
 def measure_dtype(parts: Any) -> str:
     """The kernel dtype the candidates run (the ``measure_dtype`` handler, read by ``prebuild --census``): bf16,
-    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call; e4m3 (the
-    quantizing launcher) for the quantizing op."""
+    the output torch._scaled_mm's rowwise path writes, so the ``torch`` arm is that one call; for the quantizing
+    op the fused fc1's variant (e4m3 output, `BUILD_ACTIVATION`)."""
     import torch
 
+    if parts.op == "scaled_mm_fp8_quant":
+        return f"fp8_{BUILD_ACTIVATION}"
     return _ops.kernel_dtype(parts.op, torch.bfloat16)
 
 
@@ -85,6 +97,7 @@ def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: O
     tolerance gate."""
     import torch
 
+    from ..scaled_mm.act_quant import apply_activation
     from .reference import FP8, quantize_per_token_fp8, quantize_weight_fp8
 
     g = torch.Generator(device=device)
@@ -107,8 +120,8 @@ def operands(point: Any, device: Any, seed: int = 0, *, copies: int = 1, like: O
     def reference():
         acc = a.double() @ w0.double().t()
         y = sa.double().reshape(-1, 1) * consts["sw"].double().reshape(1, -1) * acc
-        if point.op == "scaled_mm_fp8_quant":
-            y = (y / consts["out_scale"].double()).clamp(-448.0, 448.0)
+        if point.op == "scaled_mm_fp8_quant":  # the fused fc1 (`_bind`): the activation, then the quantization
+            y = (apply_activation(y, BUILD_ACTIVATION) / consts["out_scale"].double()).clamp(-448.0, 448.0)
         return y
 
     ops = Operands(point, {"a": a, "sa": sa}, consts, weights, reference)
