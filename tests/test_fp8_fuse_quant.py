@@ -232,10 +232,11 @@ def test_a_measured_quantizing_tile_is_served_and_baked(tuning_env):
 
 
 @pytest.mark.parametrize("arch", ["sm90", None])
-def test_fp16_output_sites_are_baked_to_a_tile_where_the_policy_says_torch(tuning_env, monkeypatch, arch):
-    """A compiled graph names its config: baking "torch" for an fp16 output would bypass the runtime's fp16-output
-    rule (`ops._make_plan` keeps an explicit torch), so the bake applies it: the heuristic's tile. bf16 output and an
-    explicit "torch" keep the torch arm. arch None: the pass's arch comes from the environment (OASR_ARCH)."""
+def test_eager_torch_sites_are_baked_to_a_tile_where_the_policy_says_torch(tuning_env, monkeypatch, arch):
+    """A compiled graph names its config: baking "torch" for an fp16 output or a quantizing site would bypass the
+    runtime's rule (`ops._make_plan` keeps an explicit torch), so the bake applies it: the heuristic's tile. bf16
+    output and an explicit "torch" keep the torch arm. arch None: the pass's arch comes from the environment
+    (OASR_ARCH)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from oasr_ops.families.graph import rewrite_graph

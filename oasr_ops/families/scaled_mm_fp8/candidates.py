@@ -16,10 +16,10 @@ plain op's gates run on bf16 output (what is timed) and on fp16 output (`Operand
 The quantizing op's arms time the fused FFN fc1's kernel (`scaled_mm_fp8_act_quant` with `BUILD_ACTIVATION`; its
 ``torch`` arm is that op's: torch._scaled_mm, the activation and the quantization in eager ops), not the plain
 `scaled_mm_fp8_quant` one: the fused fc1 is what a deployment runs under ``op=scaled_mm_fp8_quant``
-(`tune/census_fused.py`), and the plain kernel's exact IEEE division made it 2.8x slower than the fused one on the
-same tile and ranked the tiles differently (H100, session 39: at 3984 x 2048 x 512 the plain op's best tile was
-the cooperative 128x128, 33.6 us, the fused op's the 2x1 ping-pong, 15.5 us, where the plain op ran 43.1;
-docs/perf/e2e.md). The plain op, called directly, reads the same entries.
+(`tune/census_fused.py`), and the plain kernel's exact IEEE division made it up to 2.8x slower than the fused one
+on the same tile and ranked the tiles differently (H100, session 39, 3984 x 2048 x 512: the plain op's best tile the
+128x128 cooperative at 33.6 us, the fused op's the 128x256 cooperative FastAccum at 14.3 us; on the heuristic's
+2x1 ping-pong 43.3 vs 15.3 us; docs/perf/e2e.md). The plain op, called directly, reads the same entries.
 """
 from __future__ import annotations
 
