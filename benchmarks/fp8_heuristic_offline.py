@@ -86,7 +86,10 @@ def score(table, k_max: int | None = None) -> dict:
         out[f"M {lo}..{hi if hi < 1 << 30 else 'inf'}"] = {
             "points": len(sel), "speedup_geomean": geomean([r[2] for r in sel]),
             "speedup_min": min((r[2] for r in sel), default=float("nan")),
-            "regret_geomean": geomean([r[1] for r in sel]) - 1}
+            "regret_geomean": geomean([r[1] for r in sel]) - 1,
+            "vs_torch_geomean": geomean([r[3] for r in sel]),
+            "vs_torch_min": min((r[3] for r in sel), default=float("nan")),
+            "vs_torch_below_0.98": sum(1 for r in sel if r[3] < 0.98)}
     return out
 
 
@@ -129,7 +132,9 @@ def main() -> None:
             for cls in (k for k in s if k.startswith("M ")):
                 c = s[cls]
                 print(f"      {cls:12s} {c['points']:3d} points: speedup {c['speedup_geomean']:.3f}x "
-                      f"(min {c['speedup_min']:.3f}), regret {100 * c['regret_geomean']:.1f} %")
+                      f"(min {c['speedup_min']:.3f}), regret {100 * c['regret_geomean']:.1f} %, vs torch "
+                      f"{c['vs_torch_geomean']:.3f}x (min {c['vs_torch_min']:.2f}, "
+                      f"{c['vs_torch_below_0.98']} below 0.98)")
     print("FastAccum (tile, M) pairs rejected by the gate, by K:", report["gate_rejections_of_fast_accum_by_k"])
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
