@@ -26,14 +26,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..candidate import Candidate, Gate, Operands
+# the activation of the fused fc1 the quantizing op's arms time: the int8 family's (its candidates.py says why)
+from ..scaled_mm.candidates import BUILD_ACTIVATION
 from ...configs import parse
 from . import ops as _ops
 from .lanes import summation_order
 
 HEURISTIC = "heuristic"
 TOLERANCE = Gate("tolerance", baseline="torch", per_point=True, factor=4.0)
-# The activation of the fused fc1 the quantizing op's arms time (the int8 family's candidates.py says why GELU).
-BUILD_ACTIVATION = "gelu"
 
 
 def _bind(op: str):
